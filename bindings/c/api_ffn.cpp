@@ -1,0 +1,314 @@
+// Entry points: FFN descriptors, the fused forward, statistics, training forward and backward.
+#include <cinttypes>
+#include <cmath>
+#include <cstring>
+
+#include "boundary.hpp"
+#include "host/numeric.hpp"
+
+using namespace twblas;
+
+namespace {
+
+const char *kWeightHint = " (H x D)";
+const char *kDownHint = " (H x D; TW_ORDER_COL for nn.Linear's down_proj.weight)";
+
+/// Checks the weights of an FFN of kind `kind`; returns {D, H} taken from wUp.
+std::pair<int64_t, int64_t> check_weights(twFfnKind_t kind, twDnMatDescr_t wGate, const twDnMatDescr &wu,
+                                          const twDnMatDescr &wd, const twDnMatDescr **wg_out) {
+    const int64_t h = wu.rows, d = wu.cols;
+    if (h == 0 || d == 0)
+        fail(TW_STATUS_INVALID_VALUE, "wUp: expected H x D with H, D >= 1, got %" PRId64 " x %" PRId64, wu.rows, wu.cols);
+    if (d > kMaxSparseCols || h > kMaxSparseCols)
+        fail(TW_STATUS_NOT_SUPPORTED, "wUp: %" PRId64 " x %" PRId64 ": D and H are limited to 65536 (16-bit indices)", h, d);
+    *wg_out = nullptr;
+    if (kind == TW_FFN_GATED_RELU) {
+        if (!wGate) fail(TW_STATUS_INVALID_VALUE, "wGate: NULL, but TW_FFN_GATED_RELU needs the gate weights");
+        const twDnMatDescr &wg = get_dn(wGate, "wGate");
+        require_shape(wg, h, d, "wGate", kWeightHint);
+        require_same_type(wu.type, wg.type, "wGate");
+        *wg_out = &wg;
+    } else if (wGate) {
+        fail(TW_STATUS_INVALID_VALUE, "wGate: must be NULL for TW_FFN_RELU");
+    }
+    require_shape(wd, h, d, "wDown", kDownHint);
+    require_same_type(wu.type, wd.type, "wDown");
+    return {d, h};
+}
+
+void check_kind(twFfnKind_t kind) {
+    if (kind != TW_FFN_GATED_RELU && kind != TW_FFN_RELU)
+        fail(TW_STATUS_INVALID_VALUE, "kind: %d is not a twFfnKind_t (TW_FFN_GATED_RELU, TW_FFN_RELU)", static_cast<int>(kind));
+}
+
+/// X: M x D, Y: M x D, both of the FFN's value type.
+void check_activations(const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y) {
+    if (x.cols != ffn.model_dim)
+        fail(TW_STATUS_INVALID_VALUE, "X: expected M x %" PRId64 " (D), got %" PRId64 " x %" PRId64, ffn.model_dim, x.rows,
+             x.cols);
+    require_shape(y, x.rows, ffn.model_dim, "Y", " (M x D, M = X's rows)");
+    require_same_type(ffn.type, x.type, "X");
+    require_same_type(ffn.type, y.type, "Y");
+}
+
+void check_tokens(int64_t tokens) { require_nonnegative(tokens, "tokens"); }
+
+}  // namespace
+
+extern "C" {
+
+twStatus_t twCreateFfn(twHandle_t h, twFfnDescr_t *ffn, twFfnKind_t kind, twDnMatDescr_t wGate, twDnMatDescr_t wUp,
+                       twDnMatDescr_t wDown) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        require_ptr(ffn, "ffn");
+        check_kind(kind);
+        const twDnMatDescr &wu = get_dn(wUp, "wUp");
+        const twDnMatDescr &wd = get_dn(wDown, "wDown");
+        const twDnMatDescr *wg = nullptr;
+        const auto [d, hdim] = check_weights(kind, wGate, wu, wd, &wg);
+        auto f = std::make_unique<twFfnDescr>();
+        f->kind = kind;
+        f->model_dim = d;
+        f->hidden_dim = hdim;
+        f->type = wu.type;
+        f->backend = ctx.backend;
+        f->state = ctx.impl->ffn_create(*f, wg, wu, wd);
+        registry_add(f.get(), ObjectKind::Ffn);
+        *ffn = f.release();
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twFfnUpdateWeights(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t wGate, twDnMatDescr_t wUp,
+                              twDnMatDescr_t wDown) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_same_backend(ctx, f, "ffn");
+        const twDnMatDescr &wu = get_dn(wUp, "wUp");
+        const twDnMatDescr &wd = get_dn(wDown, "wDown");
+        const twDnMatDescr *wg = nullptr;
+        const auto [d, hdim] = check_weights(f.kind, wGate, wu, wd, &wg);
+        if (d != f.model_dim || hdim != f.hidden_dim)
+            fail(TW_STATUS_INVALID_VALUE, "wUp: expected %" PRId64 " x %" PRId64 " as at twCreateFfn, got %" PRId64 " x %" PRId64,
+                 f.hidden_dim, f.model_dim, hdim, d);
+        require_same_type(f.type, wu.type, "wUp");
+        ctx.impl->ffn_update_weights(f, wg, wu, wd);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twDestroyFfn(twFfnDescr_t ffn) {
+    return guarded(nullptr, [&] {
+        if (!ffn) return TW_STATUS_SUCCESS;
+        if (!registry_remove(ffn, ObjectKind::Ffn))
+            fail(TW_STATUS_NOT_INITIALIZED, "ffn: not a live FFN descriptor (destroyed or foreign)");
+        delete ffn;
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twFfnGetSize(twFfnDescr_t ffn, int64_t *modelDim, int64_t *hiddenDim) {
+    return guarded(nullptr, [&] {
+        const twFfnDescr &f = get_ffn(ffn, "ffn");
+        if (modelDim) *modelDim = f.model_dim;
+        if (hiddenDim) *hiddenDim = f.hidden_dim;
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, const void *value, size_t size) {
+    return guarded(nullptr, [&] {
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_ptr(value, "value");
+        if (size != sizeof(int32_t)) fail(TW_STATUS_INVALID_VALUE, "size: %zu, expected sizeof(int32_t) = 4", size);
+        int32_t v;
+        std::memcpy(&v, value, sizeof v);
+        switch (attr) {
+            case TW_FFN_ATTR_TILE_WIDTH:
+                if (v != 64 && v != 128 && v != 256) fail(TW_STATUS_INVALID_VALUE, "value: tile width %d is not 64, 128 or 256", v);
+                f.tile_width = v;
+                break;
+            case TW_FFN_ATTR_COMPRESSION:
+                if (v != 2 && v != 4 && v != 8) fail(TW_STATUS_INVALID_VALUE, "value: compression %d is not 2, 4 or 8", v);
+                f.compression = v;
+                break;
+            case TW_FFN_ATTR_COMPUTE_MODE:
+                if (v != TW_COMPUTE_DEFAULT && v != TW_COMPUTE_HIGHEST_PRECISION)
+                    fail(TW_STATUS_INVALID_VALUE, "value: %d is not a twComputeMode_t", v);
+                f.compute_mode = v;
+                break;
+            case TW_FFN_ATTR_DETERMINISTIC:
+                if (v != 0 && v != 1) fail(TW_STATUS_INVALID_VALUE, "value: deterministic must be 0 or 1, got %d", v);
+                f.deterministic = v;
+                break;
+            default: fail(TW_STATUS_INVALID_VALUE, "attr: %d is not a twFfnAttribute_t", static_cast<int>(attr));
+        }
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, void *value, size_t size) {
+    return guarded(nullptr, [&] {
+        const twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_ptr(value, "value");
+        if (size != sizeof(int32_t)) fail(TW_STATUS_INVALID_VALUE, "size: %zu, expected sizeof(int32_t) = 4", size);
+        int32_t v = 0;
+        switch (attr) {
+            case TW_FFN_ATTR_TILE_WIDTH: v = f.tile_width; break;
+            case TW_FFN_ATTR_COMPRESSION: v = f.compression; break;
+            case TW_FFN_ATTR_COMPUTE_MODE: v = f.compute_mode; break;
+            case TW_FFN_ATTR_DETERMINISTIC: v = f.deterministic; break;
+            default: fail(TW_STATUS_INVALID_VALUE, "attr: %d is not a twFfnAttribute_t", static_cast<int>(attr));
+        }
+        std::memcpy(value, &v, sizeof v);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twSpGEMMFused_bufferSize(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X, twDnMatDescr_t Y, size_t *bytes) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_same_backend(ctx, f, "ffn");
+        const twDnMatDescr &x = get_dn(X, "X");
+        const twDnMatDescr &y = get_dn(Y, "Y");
+        require_ptr(bytes, "bytes");
+        check_activations(f, x, y);
+        *bytes = x.rows == 0 ? 0 : ctx.impl->ffn_forward_workspace(f, x.rows);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twSpGEMMFused(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X, twDnMatDescr_t Y, twSpMatDescr_t hidden,
+                         void *workspace) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_same_backend(ctx, f, "ffn");
+        const twDnMatDescr &x = get_dn(X, "X");
+        const twDnMatDescr &y = get_dn(Y, "Y");
+        check_activations(f, x, y);
+        const twSpMatDescr *hid = nullptr;
+        if (hidden) {
+            hid = &get_sp(hidden, "hidden");
+            if (hid->rows != x.rows || hid->cols != f.hidden_dim)
+                fail(TW_STATUS_INVALID_VALUE, "hidden: expected %" PRId64 " x %" PRId64 " (M x H), got %" PRId64 " x %" PRId64,
+                     x.rows, f.hidden_dim, hid->rows, hid->cols);
+        }
+        if (x.rows == 0) return TW_STATUS_SUCCESS;
+        require_workspace(workspace, ctx.impl->ffn_forward_workspace(f, x.rows));
+        ctx.impl->ffn_forward(f, x, y, hid, workspace);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twFfnGetStats(twHandle_t h, twFfnDescr_t ffn, twFfnStats_t *stats) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_same_backend(ctx, f, "ffn");
+        require_ptr(stats, "stats");
+        *stats = ctx.impl->ffn_stats(f);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twFfnGetNeuronCounts(twHandle_t h, twFfnDescr_t ffn, int64_t *counts) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_same_backend(ctx, f, "ffn");
+        require_ptr(counts, "counts");
+        ctx.impl->ffn_neuron_counts(f, counts);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twFfnResetNeuronCounts(twHandle_t h, twFfnDescr_t ffn) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_same_backend(ctx, f, "ffn");
+        ctx.impl->ffn_reset_neuron_counts(f);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twSpGEMMFusedSaved_bufferSize(twHandle_t h, twFfnDescr_t ffn, int64_t tokens, size_t *bytes) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_same_backend(ctx, f, "ffn");
+        check_tokens(tokens);
+        require_ptr(bytes, "bytes");
+        *bytes = ctx.impl->ffn_saved_bytes(f, tokens);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twSpGEMMFusedForwardTrain(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X, twDnMatDescr_t Y, void *saved,
+                                     void *workspace) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_same_backend(ctx, f, "ffn");
+        const twDnMatDescr &x = get_dn(X, "X");
+        const twDnMatDescr &y = get_dn(Y, "Y");
+        check_activations(f, x, y);
+        require_ptr(saved, "saved");
+        require_workspace(workspace, ctx.impl->ffn_forward_workspace(f, x.rows));
+        ctx.impl->ffn_forward_train(f, x, y, saved, workspace);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twSpGEMMFusedBackward_bufferSize(twHandle_t h, twFfnDescr_t ffn, int64_t tokens, size_t *bytes) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_same_backend(ctx, f, "ffn");
+        check_tokens(tokens);
+        require_ptr(bytes, "bytes");
+        *bytes = ctx.impl->ffn_backward_workspace(f, tokens);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X, const void *saved, twDnMatDescr_t dY,
+                                 float l1Coeff, twDnMatDescr_t dX, twDnMatDescr_t dWgate, twDnMatDescr_t dWup,
+                                 twDnMatDescr_t dWdown, void *workspace) {
+    return guarded(h, [&] {
+        twContext &ctx = get_handle(h);
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_same_backend(ctx, f, "ffn");
+        const twDnMatDescr &x = get_dn(X, "X");
+        const twDnMatDescr &dy = get_dn(dY, "dY");
+        check_activations(f, x, dy);
+        const twDnMatDescr &dx = get_dn(dX, "dX");
+        require_shape(dx, x.rows, f.model_dim, "dX", " (M x D)");
+        require_same_type(f.type, dx.type, "dX");
+        const twDnMatDescr *dwg = nullptr;
+        if (f.gated()) {
+            dwg = &get_dn(dWgate, "dWgate");
+            require_shape(*dwg, f.hidden_dim, f.model_dim, "dWgate", kWeightHint);
+            require_same_type(f.type, dwg->type, "dWgate");
+        } else if (dWgate) {
+            fail(TW_STATUS_INVALID_VALUE, "dWgate: must be NULL for TW_FFN_RELU");
+        }
+        const twDnMatDescr &dwu = get_dn(dWup, "dWup");
+        require_shape(dwu, f.hidden_dim, f.model_dim, "dWup", kWeightHint);
+        require_same_type(f.type, dwu.type, "dWup");
+        const twDnMatDescr &dwd = get_dn(dWdown, "dWdown");
+        require_shape(dwd, f.hidden_dim, f.model_dim, "dWdown", kDownHint);
+        require_same_type(f.type, dwd.type, "dWdown");
+        if (!std::isfinite(l1Coeff)) fail(TW_STATUS_INVALID_VALUE, "l1Coeff: must be finite");
+        require_ptr(saved, "saved");
+        require_workspace(workspace, ctx.impl->ffn_backward_workspace(f, x.rows));
+        ctx.impl->ffn_backward(f, x, saved, dy, l1Coeff, dx, dwg, dwu, dwd, workspace);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+}  // extern "C"

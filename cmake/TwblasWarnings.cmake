@@ -1,0 +1,16 @@
+# Warnings for twblas's own targets (never for third-party code): -Wall -Wextra, and -Werror
+# when TWBLAS_WERROR is on (CI). Sanitizers when TWBLAS_SANITIZE is on.
+function(twblas_set_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX,C>:-Wall -Wextra -Wshadow=local -Wno-unknown-pragmas>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX,C>,$<BOOL:${TWBLAS_WERROR}>>:-Werror>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>
+    $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${TWBLAS_WERROR}>>:-Werror=all-warnings>)
+endfunction()
+
+if(TWBLAS_SANITIZE)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=address,undefined>
+                      $<$<COMPILE_LANGUAGE:CXX,C>:-fno-sanitize-recover=all>
+                      $<$<COMPILE_LANGUAGE:CXX,C>:-fno-omit-frame-pointer>)
+  add_link_options(-fsanitize=address,undefined)
+endif()

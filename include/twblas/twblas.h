@@ -1,0 +1,319 @@
+/**
+ * @file twblas.h
+ * @brief twblas: sparse feed-forward linear algebra (TwELL and hybrid formats), C API.
+ *
+ * One umbrella header, valid C99 and C++, needing no CUDA header (streams travel as void*).
+ * Conventions (cuSPARSE mould):
+ *  - every function returns a ::twStatus_t; sizes and dimensions are int64_t;
+ *  - every twCreateX has a twDestroyX; destroying NULL succeeds; a NULL, destroyed or foreign
+ *    object gives ::TW_STATUS_NOT_INITIALIZED, never a crash;
+ *  - descriptors never own user memory; pointers live where the handle's backend computes
+ *    (host memory for ::TW_BACKEND_CPU, device memory for ::TW_BACKEND_CUDA);
+ *  - compute calls never allocate device memory and never synchronise; scratch comes from the
+ *    caller through a *_bufferSize function and a workspace pointer;
+ *  - bad arguments give ::TW_STATUS_INVALID_VALUE and leave every output untouched;
+ *    twGetErrorMessage() names the argument and the reason.
+ * Formats: docs/formats.md (bit-level TwELL and hybrid layouts).
+ */
+#ifndef TWBLAS_TWBLAS_H
+#define TWBLAS_TWBLAS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "twblas/twblas_export.h"
+#include "twblas/twblas_version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/** @name Core */
+/**@{*/
+
+/** Status of every call. */
+typedef enum {
+    TW_STATUS_SUCCESS = 0,               /**< the call did what it was asked */
+    TW_STATUS_NOT_INITIALIZED = 1,       /**< NULL, destroyed or foreign handle/descriptor */
+    TW_STATUS_ALLOC_FAILED = 2,          /**< a setup call could not allocate memory */
+    TW_STATUS_INVALID_VALUE = 3,         /**< bad argument: pointer, dimension, layout, enum */
+    TW_STATUS_ARCH_MISMATCH = 4,         /**< the device lacks what the routine needs */
+    TW_STATUS_EXECUTION_FAILED = 5,      /**< a kernel or vendor-library call failed */
+    TW_STATUS_INTERNAL_ERROR = 6,        /**< a bug in twblas; please report it */
+    TW_STATUS_NOT_SUPPORTED = 7,         /**< valid, but not built or not supported */
+    TW_STATUS_INSUFFICIENT_WORKSPACE = 8,/**< the workspace given is smaller than needed */
+    TW_STATUS_CAPACITY_EXCEEDED = 9      /**< a sparse container was too small (formats.md) */
+} twStatus_t;
+
+/** Name of a status, e.g. "TW_STATUS_INVALID_VALUE"; "TW_STATUS_<unknown>" for other values. */
+TWBLAS_API const char *twGetStatusName(twStatus_t status);
+/** One-sentence description of a status. */
+TWBLAS_API const char *twGetStatusString(twStatus_t status);
+
+/** Library context: backend, stream, last error message. One per thread or stream. */
+typedef struct twContext *twHandle_t;
+
+/** Where a handle computes. */
+typedef enum {
+    TW_BACKEND_DEFAULT = 0, /**< CUDA when built with it and a usable GPU is present, else CPU */
+    TW_BACKEND_CPU = 1,     /**< the Eigen reference backend (host memory) */
+    TW_BACKEND_CUDA = 2     /**< the CUDA backend (device memory) */
+} twBackend_t;
+
+/** Creates a handle on the default backend. Returns SUCCESS, INVALID_VALUE (handle NULL),
+ *  ALLOC_FAILED. */
+TWBLAS_API twStatus_t twCreate(twHandle_t *handle);
+/** Creates a handle on a named backend. TW_BACKEND_CUDA gives NOT_SUPPORTED when the library
+ *  was built without CUDA or no usable GPU is present. */
+TWBLAS_API twStatus_t twCreateWithBackend(twHandle_t *handle, twBackend_t backend);
+/** Destroys a handle; NULL is a no-op. Returns SUCCESS or NOT_INITIALIZED. */
+TWBLAS_API twStatus_t twDestroy(twHandle_t handle);
+/** The backend a handle computes on (never TW_BACKEND_DEFAULT). */
+TWBLAS_API twStatus_t twGetBackend(twHandle_t handle, twBackend_t *backend);
+/** Sets the cudaStream_t every call of this handle uses (NULL: the handle's own default);
+ *  stored but unused on the CPU backend. */
+TWBLAS_API twStatus_t twSetStream(twHandle_t handle, void *stream);
+/** The stream set with twSetStream (NULL if none). */
+TWBLAS_API twStatus_t twGetStream(twHandle_t handle, void **stream);
+/** Detail of the last failed call on this handle ("" if none). With handle NULL (or a handle
+ *  that is not valid): the last failure on this thread of a call that had no valid handle,
+ *  such as twCreateDnMat. The string stays valid until the next failing call. */
+TWBLAS_API const char *twGetErrorMessage(twHandle_t handle);
+/** MAJOR*10000 + MINOR*100 + PATCH. */
+TWBLAS_API twStatus_t twGetVersion(int *version);
+
+/** Value types. Sparse containers hold 16-bit values (TwELL) or 16/32-bit values (hybrid). */
+typedef enum { TW_R_32F = 0, TW_R_16F = 1, TW_R_16BF = 2 } twDataType_t;
+/** Storage order of a dense matrix: ROW = row-major (ld >= cols), COL = column-major
+ *  (ld >= rows). */
+typedef enum { TW_ORDER_ROW = 0, TW_ORDER_COL = 1 } twOrder_t;
+/**@}*/
+
+/* ------------------------------------------------------------------------------------------ */
+/** @name Descriptors */
+/**@{*/
+
+/** Dense matrix descriptor: logical rows x cols, stored in `order` with leading dimension ld. */
+typedef struct twDnMatDescr *twDnMatDescr_t;
+/** Describes user memory (not owned). values may be NULL only when rows*cols == 0.
+ *  Returns SUCCESS, INVALID_VALUE (negative sizes, ld too small, NULL values, bad enum),
+ *  ALLOC_FAILED. */
+TWBLAS_API twStatus_t twCreateDnMat(twDnMatDescr_t *descr, int64_t rows, int64_t cols,
+                                    int64_t ld, void *values, twDataType_t valueType,
+                                    twOrder_t order);
+/** Destroys a dense descriptor (not the memory it describes); NULL is a no-op. */
+TWBLAS_API twStatus_t twDestroyDnMat(twDnMatDescr_t descr);
+/** Reads a dense descriptor back. Any output pointer may be NULL. */
+TWBLAS_API twStatus_t twDnMatGet(twDnMatDescr_t descr, int64_t *rows, int64_t *cols,
+                                 int64_t *ld, void **values, twDataType_t *valueType,
+                                 twOrder_t *order);
+
+/** Sparse matrix descriptor (TwELL or hybrid) over a user buffer. */
+typedef struct twSpMatDescr *twSpMatDescr_t;
+/** Sparse storage formats (docs/formats.md). */
+typedef enum { TW_FORMAT_TWELL = 0, TW_FORMAT_HYBRID = 1 } twFormat_t;
+
+/** Bytes of a TwELL buffer: rows x NT*W uint32 words (NT = ceil(cols/T), W = T/C) followed by
+ *  the overflow record (a uint32 row count and up to `rows` uint32 row ids).
+ *  tileWidth in {64, 128, 256}, compression in {2, 4, 8}; cols <= 65536 (else NOT_SUPPORTED). */
+TWBLAS_API twStatus_t twTwellBufferSize(int64_t rows, int64_t cols, int32_t tileWidth,
+                                        int32_t compression, size_t *bytes);
+/** Describes a TwELL buffer of twTwellBufferSize bytes (4-byte aligned). Values are 16-bit
+ *  (TW_R_16BF or TW_R_16F; TW_R_32F is NOT_SUPPORTED). The buffer content is not read. */
+TWBLAS_API twStatus_t twCreateTwell(twSpMatDescr_t *descr, int64_t rows, int64_t cols,
+                                    int32_t tileWidth, int32_t compression, void *buffer,
+                                    twDataType_t valueType);
+
+/** Bytes of a hybrid buffer: row_nnz, ELL part (E entries a row), backup record and B dense
+ *  backup rows (docs/formats.md). ellWidth: a positive multiple of 8; 0 <= backupRows <= rows;
+ *  cols <= 65536 (else NOT_SUPPORTED). */
+TWBLAS_API twStatus_t twHybridBufferSize(int64_t rows, int64_t cols, int32_t ellWidth,
+                                         int64_t backupRows, twDataType_t valueType,
+                                         size_t *bytes);
+/** Describes a hybrid buffer of twHybridBufferSize bytes (16-byte aligned). Values: TW_R_16BF,
+ *  TW_R_16F or TW_R_32F. The buffer content is not read. */
+TWBLAS_API twStatus_t twCreateHybrid(twSpMatDescr_t *descr, int64_t rows, int64_t cols,
+                                     int32_t ellWidth, int64_t backupRows, void *buffer,
+                                     twDataType_t valueType);
+
+/** Destroys a sparse descriptor (not its buffer); NULL is a no-op. */
+TWBLAS_API twStatus_t twDestroySpMat(twSpMatDescr_t descr);
+/** Format of a sparse descriptor. */
+TWBLAS_API twStatus_t twSpMatGetFormat(twSpMatDescr_t descr, twFormat_t *format);
+/** Logical size of a sparse descriptor. Either output may be NULL. */
+TWBLAS_API twStatus_t twSpMatGetSize(twSpMatDescr_t descr, int64_t *rows, int64_t *cols);
+/** Buffer and value type of a sparse descriptor. Either output may be NULL. */
+TWBLAS_API twStatus_t twSpMatGetBuffer(twSpMatDescr_t descr, void **buffer,
+                                       twDataType_t *valueType);
+
+/** Content counts of a sparse matrix, read back to the host (blocking). */
+typedef struct {
+    int64_t nnz;           /**< stored + backed-up non-zeros */
+    int64_t maxRowNnz;     /**< largest true row count (TwELL: of the stored entries) */
+    int64_t overflowRows;  /**< rows that did not fit the compact part (TwELL tile or ELL width);
+                                for a hybrid, rows beyond backupRows are not stored at all */
+    int64_t droppedValues; /**< always 0: twblas offers no discarding policy */
+} twSpMatInfo_t;
+/** Reads the counts of a filled sparse matrix (blocking). */
+TWBLAS_API twStatus_t twSpMatGetInfo(twHandle_t handle, twSpMatDescr_t descr,
+                                     twSpMatInfo_t *info);
+/** Checks every invariant of docs/formats.md on the buffer. SUCCESS when valid, else
+ *  INVALID_VALUE with the first violation (row, tile, slot) in twGetErrorMessage(). */
+TWBLAS_API twStatus_t twSpMatValidate(twHandle_t handle, twSpMatDescr_t descr);
+/**@}*/
+
+/* ------------------------------------------------------------------------------------------ */
+/** @name Conversion (three phases, like cusparseDenseToSparse) */
+/**@{*/
+
+/** What a conversion applies on the way: PLAIN keeps every value whose bit pattern is not
+ *  +0 (so dense -> sparse -> dense is bit-exact, -0.0 included); RELU keeps values > 0 and NaN
+ *  (as torch.relu does). */
+typedef enum { TW_CONVERT_PLAIN = 0, TW_CONVERT_RELU = 1 } twConvertOp_t;
+
+/** Workspace bytes for the conversion of `in` (dense) into `out` (TwELL or hybrid). */
+TWBLAS_API twStatus_t twDenseToSparse_bufferSize(twHandle_t h, twDnMatDescr_t in,
+                                                 twSpMatDescr_t out, twConvertOp_t op,
+                                                 size_t *bytes);
+/** Counts the non-zeros of every row into the workspace (setup call: may block). Returns
+ *  CAPACITY_EXCEEDED when `out` cannot hold them (TwELL tile overflow; hybrid needing more
+ *  than backupRows dense rows); the conversion may still be run and records the same. */
+TWBLAS_API twStatus_t twDenseToSparse_analysis(twHandle_t h, twDnMatDescr_t in,
+                                               twSpMatDescr_t out, twConvertOp_t op,
+                                               void *workspace);
+/** Writes `out` from `in` (after _analysis on the same workspace). Values and types must
+ *  match (no rounding). CAPACITY_EXCEEDED when rows did not fit; `out` then records them
+ *  (twSpMatGetInfo) and holds every row that did. */
+TWBLAS_API twStatus_t twDenseToSparse_convert(twHandle_t h, twDnMatDescr_t in,
+                                              twSpMatDescr_t out, twConvertOp_t op,
+                                              void *workspace);
+/** Writes every element of `out` (same size and value type). CAPACITY_EXCEEDED, with `out`
+ *  untouched, when `in` records rows that it could not hold (the result would not be exact). */
+TWBLAS_API twStatus_t twSparseToDense(twHandle_t h, twSpMatDescr_t in, twDnMatDescr_t out);
+/** Re-packs a sparse matrix into another container of the same size and value type
+ *  (TwELL -> hybrid, hybrid -> TwELL, or between parameters). CAPACITY_EXCEEDED as for
+ *  twDenseToSparse_convert. */
+TWBLAS_API twStatus_t twSparseConvert(twHandle_t h, twSpMatDescr_t in, twSpMatDescr_t out);
+/** out = in^T (in: rows x cols, out: cols x rows; same value type). The columns of `out`
+ *  are the rows of `in`, hence rows of `in` <= 65536. */
+TWBLAS_API twStatus_t twSparseTranspose(twHandle_t h, twSpMatDescr_t in, twSpMatDescr_t out);
+/**@}*/
+
+/* ------------------------------------------------------------------------------------------ */
+/** @name Fused sparse feed-forward */
+/**@{*/
+
+/** A feed-forward layer: weights, their packed copy and its attributes. */
+typedef struct twFfnDescr *twFfnDescr_t;
+/** Gated: Y = (ReLU(X Wg^T) * (X Wu^T)) Wd; plain: Y = ReLU(X Wu^T) Wd. */
+typedef enum { TW_FFN_GATED_RELU = 0, TW_FFN_RELU = 1 } twFfnKind_t;
+
+/** Setup: validates the weights (each logical H x D; Wd TW_ORDER_COL is nn.Linear's
+ *  down_proj.weight) and copies them into the backend's layout (allocates, blocks). The
+ *  descriptor keeps the copy: after changing the weights call twFfnUpdateWeights. */
+TWBLAS_API twStatus_t twCreateFfn(twHandle_t h, twFfnDescr_t *ffn, twFfnKind_t kind,
+                                  twDnMatDescr_t wGate /* NULL for TW_FFN_RELU */,
+                                  twDnMatDescr_t wUp, twDnMatDescr_t wDown);
+/** Re-reads the weights from the descriptors given to twCreateFfn, which must describe the
+ *  same shapes and types (setup call: blocks). For training loops that update the weights. */
+TWBLAS_API twStatus_t twFfnUpdateWeights(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t wGate,
+                                         twDnMatDescr_t wUp, twDnMatDescr_t wDown);
+/** Destroys an FFN descriptor and its weight copy; NULL is a no-op. */
+TWBLAS_API twStatus_t twDestroyFfn(twFfnDescr_t ffn);
+/** Model dimension D and hidden dimension H of an FFN. Either output may be NULL. */
+TWBLAS_API twStatus_t twFfnGetSize(twFfnDescr_t ffn, int64_t *modelDim, int64_t *hiddenDim);
+
+/** FFN attributes (twFfnSetAttribute / twFfnGetAttribute). */
+typedef enum {
+    TW_FFN_ATTR_TILE_WIDTH = 0,    /**< int32, 64/128/256, default 256: TwELL tile of the path */
+    TW_FFN_ATTR_COMPRESSION = 1,   /**< int32, 2/4/8, default 8 */
+    TW_FFN_ATTR_COMPUTE_MODE = 2,  /**< twComputeMode_t (stored as int32) */
+    TW_FFN_ATTR_DETERMINISTIC = 3  /**< int32 0/1: bitwise identical results run to run */
+} twFfnAttribute_t;
+/** DEFAULT rounds g, u, h to the value type as dense PyTorch does; HIGHEST_PRECISION keeps
+ *  every intermediate in fp32. Accumulation is fp32 or better in both. */
+typedef enum { TW_COMPUTE_DEFAULT = 0, TW_COMPUTE_HIGHEST_PRECISION = 1 } twComputeMode_t;
+/** Sets an attribute; size must be sizeof(int32_t). */
+TWBLAS_API twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr,
+                                        const void *value, size_t size);
+/** Reads an attribute; size must be sizeof(int32_t). */
+TWBLAS_API twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, void *value,
+                                        size_t size);
+
+/** Workspace bytes for twSpGEMMFused with these X and Y. */
+TWBLAS_API twStatus_t twSpGEMMFused_bufferSize(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
+                                               twDnMatDescr_t Y, size_t *bytes);
+/** Forward (inference): Y = FFN(X). X, Y: M x D, the weights' value type. hidden: optional
+ *  (NULL) M x H TwELL or hybrid descriptor that receives h; rows it cannot hold are recorded in
+ *  it (twSpMatGetInfo) and Y stays exact. Exact for any sparsity pattern. */
+TWBLAS_API twStatus_t twSpGEMMFused(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
+                                    twDnMatDescr_t Y, twSpMatDescr_t hidden, void *workspace);
+
+/** Activation statistics of the last forward on an FFN (blocking). */
+typedef struct {
+    int64_t tokens;       /**< M of the last forward */
+    double meanRowNnz;    /**< L0 per token */
+    int64_t maxRowNnz;    /**< most active units of one token */
+    int64_t overflowRows; /**< rows with a TwELL tile over capacity: the exact dense path */
+    double l1;            /**< sum over tokens and units of |h|, divided by tokens */
+} twFfnStats_t;
+TWBLAS_API twStatus_t twFfnGetStats(twHandle_t h, twFfnDescr_t ffn, twFfnStats_t *stats);
+
+/** Per-neuron activation counts since the last reset (H int64 values into backend memory). */
+TWBLAS_API twStatus_t twFfnGetNeuronCounts(twHandle_t h, twFfnDescr_t ffn, int64_t *counts);
+/** Sets the per-neuron counts to zero. */
+TWBLAS_API twStatus_t twFfnResetNeuronCounts(twHandle_t h, twFfnDescr_t ffn);
+/**@}*/
+
+/* ------------------------------------------------------------------------------------------ */
+/** @name Training */
+/**@{*/
+
+/** Bytes of the saved state for `tokens` tokens (the backend's compact format: ELL rows of the
+ *  gate pattern with g and u; rows too dense for it are recomputed from X in the backward). */
+TWBLAS_API twStatus_t twSpGEMMFusedSaved_bufferSize(twHandle_t h, twFfnDescr_t ffn,
+                                                    int64_t tokens, size_t *bytes);
+/** Forward that also writes what the backward needs into `saved`. */
+TWBLAS_API twStatus_t twSpGEMMFusedForwardTrain(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
+                                                twDnMatDescr_t Y, void *saved, void *workspace);
+/** Workspace bytes for twSpGEMMFusedBackward. */
+TWBLAS_API twStatus_t twSpGEMMFusedBackward_bufferSize(twHandle_t h, twFfnDescr_t ffn,
+                                                       int64_t tokens, size_t *bytes);
+/** dX (M x D) and dWgate, dWup, dWdown (each logical H x D, any order; dWgate NULL for
+ *  TW_FFN_RELU) from X, the saved state of the forward on X, and dY. Outputs are overwritten.
+ *  l1Coeff adds l1Coeff * d(mean_t sum_j |h_tj|) (the paper's L1 regulariser). */
+TWBLAS_API twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
+                                            const void *saved, twDnMatDescr_t dY, float l1Coeff,
+                                            twDnMatDescr_t dX, twDnMatDescr_t dWgate,
+                                            twDnMatDescr_t dWup, twDnMatDescr_t dWdown,
+                                            void *workspace);
+/**@}*/
+
+/* ------------------------------------------------------------------------------------------ */
+/** @name Building blocks */
+/**@{*/
+
+/** Workspace bytes for twGemmToSparse. */
+TWBLAS_API twStatus_t twGemmToSparse_bufferSize(twHandle_t h, twDnMatDescr_t A, twDnMatDescr_t B,
+                                                twSpMatDescr_t C, twConvertOp_t act,
+                                                size_t *bytes);
+/** C = act(alpha * A B^T) into a TwELL or hybrid C (A: M x K, B: N x K, C: M x N). Rows C
+ *  cannot hold are recorded in C (compute call: no status depends on the data). */
+TWBLAS_API twStatus_t twGemmToSparse(twHandle_t h, float alpha, twDnMatDescr_t A,
+                                     twDnMatDescr_t B, twSpMatDescr_t C, twConvertOp_t act,
+                                     void *workspace);
+/** Workspace bytes for twSpMM. */
+TWBLAS_API twStatus_t twSpMM_bufferSize(twHandle_t h, twSpMatDescr_t S, twDnMatDescr_t W,
+                                        twDnMatDescr_t Y, size_t *bytes);
+/** Y = alpha * S W + beta * Y (S: M x K sparse, W: K x N, Y: M x N); beta == 0 does not read
+ *  Y. CAPACITY_EXCEEDED (Y untouched) when S records rows it could not hold. */
+TWBLAS_API twStatus_t twSpMM(twHandle_t h, float alpha, twSpMatDescr_t S, twDnMatDescr_t W,
+                             float beta, twDnMatDescr_t Y, void *workspace);
+/**@}*/
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TWBLAS_TWBLAS_H */

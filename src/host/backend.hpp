@@ -1,0 +1,81 @@
+// The operations every backend provides, declared once. The reference (Eigen, host memory)
+// and CUDA backends each implement this interface; `override` makes the compiler check that
+// their signatures match. Arguments arrive already validated by the C boundary.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "objects.hpp"
+
+namespace twblas {
+
+/// Backend-private state of an FFN descriptor (packed weights, statistics, neuron counts).
+struct FfnState {
+    virtual ~FfnState() = default;
+};
+
+class Backend {
+  public:
+    virtual ~Backend() = default;
+    virtual twBackend_t kind() const = 0;
+
+    // ---- sparse containers
+    virtual twSpMatInfo_t sparse_info(const twSpMatDescr &s) = 0;
+    /// Throws Error(TW_STATUS_INVALID_VALUE, first violation) when an invariant fails.
+    virtual void sparse_validate(const twSpMatDescr &s) = 0;
+
+    // ---- conversions (setup calls; return CAPACITY_EXCEEDED when `out` was too small)
+    virtual size_t dense_to_sparse_workspace(const twDnMatDescr &in, const twSpMatDescr &out) = 0;
+    virtual twStatus_t dense_to_sparse_analysis(const twDnMatDescr &in, const twSpMatDescr &out,
+                                                twConvertOp_t op, void *workspace) = 0;
+    virtual twStatus_t dense_to_sparse_convert(const twDnMatDescr &in, const twSpMatDescr &out,
+                                               twConvertOp_t op, void *workspace) = 0;
+    virtual twStatus_t sparse_to_dense(const twSpMatDescr &in, const twDnMatDescr &out) = 0;
+    virtual twStatus_t sparse_convert(const twSpMatDescr &in, const twSpMatDescr &out) = 0;
+    virtual twStatus_t sparse_transpose(const twSpMatDescr &in, const twSpMatDescr &out) = 0;
+
+    // ---- building blocks (compute calls)
+    virtual size_t gemm_to_sparse_workspace(const twDnMatDescr &a, const twDnMatDescr &b,
+                                            const twSpMatDescr &c) = 0;
+    virtual void gemm_to_sparse(float alpha, const twDnMatDescr &a, const twDnMatDescr &b,
+                                const twSpMatDescr &c, twConvertOp_t act, void *workspace) = 0;
+    virtual size_t spmm_workspace(const twSpMatDescr &s, const twDnMatDescr &w,
+                                  const twDnMatDescr &y) = 0;
+    virtual twStatus_t spmm(float alpha, const twSpMatDescr &s, const twDnMatDescr &w, float beta,
+                            const twDnMatDescr &y, void *workspace) = 0;
+
+    // ---- fused feed-forward
+    /// Setup: copies the weights into the backend's layout (wg NULL for plain ReLU).
+    virtual std::unique_ptr<FfnState> ffn_create(const twFfnDescr &ffn, const twDnMatDescr *wg,
+                                                 const twDnMatDescr &wu,
+                                                 const twDnMatDescr &wd) = 0;
+    virtual void ffn_update_weights(twFfnDescr &ffn, const twDnMatDescr *wg,
+                                    const twDnMatDescr &wu, const twDnMatDescr &wd) = 0;
+    virtual size_t ffn_forward_workspace(const twFfnDescr &ffn, int64_t tokens) = 0;
+    virtual void ffn_forward(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
+                             const twSpMatDescr *hidden, void *workspace) = 0;
+    virtual twFfnStats_t ffn_stats(const twFfnDescr &ffn) = 0;
+    virtual void ffn_neuron_counts(const twFfnDescr &ffn, int64_t *counts) = 0;
+    virtual void ffn_reset_neuron_counts(twFfnDescr &ffn) = 0;
+
+    // ---- training
+    virtual size_t ffn_saved_bytes(const twFfnDescr &ffn, int64_t tokens) = 0;
+    virtual void ffn_forward_train(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
+                                   void *saved, void *workspace) = 0;
+    virtual size_t ffn_backward_workspace(const twFfnDescr &ffn, int64_t tokens) = 0;
+    virtual void ffn_backward(twFfnDescr &ffn, const twDnMatDescr &x, const void *saved,
+                              const twDnMatDescr &dy, float l1_coeff, const twDnMatDescr &dx,
+                              const twDnMatDescr *dwg, const twDnMatDescr &dwu,
+                              const twDnMatDescr &dwd, void *workspace) = 0;
+};
+
+/// The Eigen reference backend (src/host/reference).
+std::unique_ptr<Backend> make_reference_backend();
+/// The CUDA backend (src/device), or an Error(NOT_SUPPORTED) saying why it is unavailable.
+std::unique_ptr<Backend> make_cuda_backend();
+/// Whether the CUDA backend was compiled in and a usable GPU is present.
+bool cuda_backend_usable();
+
+}  // namespace twblas

@@ -1,0 +1,325 @@
+#include "sparse_io.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstring>
+#include <numeric>
+
+#include "host/error.hpp"
+#include "host/numeric.hpp"
+
+namespace twblas::reference {
+
+namespace {
+
+template <class T>
+T *at(uint8_t *base, size_t offset) {
+    return reinterpret_cast<T *>(base + offset);
+}
+template <class T>
+const T *at(const uint8_t *base, size_t offset) {
+    return reinterpret_cast<const T *>(base + offset);
+}
+
+ValueBits read_bits(const uint8_t *p, size_t i, size_t value_bytes) {
+    if (value_bytes == 4) return reinterpret_cast<const uint32_t *>(p)[i];
+    return reinterpret_cast<const uint16_t *>(p)[i];
+}
+void write_bits(uint8_t *p, size_t i, size_t value_bytes, ValueBits b) {
+    if (value_bytes == 4)
+        reinterpret_cast<uint32_t *>(p)[i] = b;
+    else
+        reinterpret_cast<uint16_t *>(p)[i] = static_cast<uint16_t>(b);
+}
+
+}  // namespace
+
+ValueBits to_bits(twDataType_t t, float v) {
+    if (t == TW_R_32F) return float_bits(v);
+    return bits16_of(t, v);
+}
+
+// ---- writer --------------------------------------------------------------------------------
+
+SparseWriter::SparseWriter(const twSpMatDescr &s) : s_(s), base_(static_cast<uint8_t *>(s.buffer)) {
+    if (s_.format == TW_FORMAT_TWELL)
+        at<uint32_t>(base_, s_.twell.overflow_offset_words() * 4)[0] = 0;
+    else
+        at<int32_t>(base_, s_.hybrid.backup_count)[0] = 0;
+}
+
+void SparseWriter::write_row(int64_t row, const int32_t *cols, const ValueBits *bits, int64_t n) {
+    if (s_.format == TW_FORMAT_TWELL)
+        write_twell(row, cols, bits, n);
+    else
+        write_hybrid(row, cols, bits, n);
+}
+
+void SparseWriter::write_twell(int64_t row, const int32_t *cols, const ValueBits *bits, int64_t n) {
+    const TwellLayout &l = s_.twell;
+    uint32_t *words = at<uint32_t>(base_, 0);
+    bool overflowed = false;
+    int64_t i = 0;
+    for (int64_t t = 0; t < l.tiles; ++t) {
+        const int64_t end = std::min<int64_t>((t + 1) * l.tile_width, l.cols);
+        int64_t in_tile = 0;
+        uint32_t *block = words + l.block(row, t);
+        for (; i < n && cols[i] < end; ++i, ++in_tile)
+            if (in_tile < l.slots) block[1 + in_tile] = twell_entry(cols[i], static_cast<uint16_t>(bits[i]));
+        const bool over = in_tile > l.slots;
+        block[0] = static_cast<uint32_t>(std::min(in_tile, l.slots)) | (over ? kTwellOverflowBit : 0u);
+        overflowed |= over;
+    }
+    if (overflowed) {
+        uint32_t *record = words + l.overflow_offset_words();
+        record[1 + overflow_] = static_cast<uint32_t>(row);
+        record[0] = static_cast<uint32_t>(++overflow_);
+        ++lost_rows_;
+    }
+}
+
+void SparseWriter::write_hybrid(int64_t row, const int32_t *cols, const ValueBits *bits, int64_t n) {
+    const HybridLayout &l = s_.hybrid;
+    at<int32_t>(base_, l.row_nnz)[row] = static_cast<int32_t>(n);
+    int32_t *map = at<int32_t>(base_, l.backup_map);
+    if (n <= l.ell_width) {
+        uint16_t *ecols = at<uint16_t>(base_, l.ell_cols) + row * l.ell_width;
+        uint8_t *evals = base_ + l.ell_vals + static_cast<size_t>(row * l.ell_width) * l.value_bytes;
+        for (int64_t i = 0; i < n; ++i) {
+            ecols[i] = static_cast<uint16_t>(cols[i]);
+            write_bits(evals, static_cast<size_t>(i), l.value_bytes, bits[i]);
+        }
+        map[row] = -1;
+        return;
+    }
+    const int64_t slot = overflow_++;
+    at<int32_t>(base_, l.backup_count)[0] = static_cast<int32_t>(overflow_);
+    if (slot >= l.backup_rows) {  // recorded (backup_count > B), not stored
+        map[row] = -1;
+        ++lost_rows_;
+        return;
+    }
+    map[row] = static_cast<int32_t>(slot);
+    at<int32_t>(base_, l.backup_row_ids)[slot] = static_cast<int32_t>(row);
+    uint8_t *dense = base_ + l.backup_vals + static_cast<size_t>(slot * l.cols) * l.value_bytes;
+    std::memset(dense, 0, static_cast<size_t>(l.cols) * l.value_bytes);
+    for (int64_t i = 0; i < n; ++i) write_bits(dense, static_cast<size_t>(cols[i]), l.value_bytes, bits[i]);
+}
+
+// ---- reader --------------------------------------------------------------------------------
+
+SparseReader::SparseReader(const twSpMatDescr &s) : s_(s), base_(static_cast<const uint8_t *>(s.buffer)) {}
+
+int64_t SparseReader::incomplete_rows() const {
+    if (s_.format == TW_FORMAT_TWELL) return at<uint32_t>(base_, s_.twell.overflow_offset_words() * 4)[0];
+    const int64_t needed = at<int32_t>(base_, s_.hybrid.backup_count)[0];
+    return std::max<int64_t>(0, needed - s_.hybrid.backup_rows);
+}
+
+float SparseReader::value(ValueBits b) const {
+    if (s_.type == TW_R_32F) return bits_float(b);
+    return value_of_bits16(s_.type, static_cast<uint16_t>(b));
+}
+
+void SparseReader::row(int64_t r, std::vector<int32_t> &cols, std::vector<ValueBits> &bits) const {
+    const size_t first = cols.size();
+    if (s_.format == TW_FORMAT_TWELL) {
+        const TwellLayout &l = s_.twell;
+        const uint32_t *words = at<uint32_t>(base_, 0);
+        for (int64_t t = 0; t < l.tiles; ++t) {
+            const uint32_t *block = words + l.block(r, t);
+            const int64_t count = std::min<int64_t>(block[0] & kTwellCountMask, l.slots);
+            for (int64_t i = 0; i < count; ++i) {
+                cols.push_back(static_cast<int32_t>(twell_entry_col(block[1 + i])));
+                bits.push_back(twell_entry_bits(block[1 + i]));
+            }
+        }
+    } else {
+        const HybridLayout &l = s_.hybrid;
+        const int64_t n = at<int32_t>(base_, l.row_nnz)[r];
+        const int32_t slot = at<int32_t>(base_, l.backup_map)[r];
+        if (n <= l.ell_width) {
+            const uint16_t *ecols = at<uint16_t>(base_, l.ell_cols) + r * l.ell_width;
+            const uint8_t *evals = base_ + l.ell_vals + static_cast<size_t>(r * l.ell_width) * l.value_bytes;
+            for (int64_t i = 0; i < n; ++i) {
+                cols.push_back(ecols[i]);
+                bits.push_back(read_bits(evals, static_cast<size_t>(i), l.value_bytes));
+            }
+        } else if (slot >= 0) {
+            const uint8_t *dense = base_ + l.backup_vals + static_cast<size_t>(slot * l.cols) * l.value_bytes;
+            for (int64_t c = 0; c < l.cols; ++c) {
+                const ValueBits b = read_bits(dense, static_cast<size_t>(c), l.value_bytes);
+                if (is_stored_nonzero(b)) {
+                    cols.push_back(static_cast<int32_t>(c));
+                    bits.push_back(b);
+                }
+            }
+        }
+    }
+    // entry order inside a block / ELL row is unspecified: sort this row's entries by column
+    const size_t n = cols.size() - first;
+    if (n > 1 && !std::is_sorted(cols.begin() + first, cols.end())) {
+        std::vector<size_t> order(n);
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cols[first + a] < cols[first + b]; });
+        std::vector<int32_t> c2(n);
+        std::vector<ValueBits> b2(n);
+        for (size_t i = 0; i < n; ++i) {
+            c2[i] = cols[first + order[i]];
+            b2[i] = bits[first + order[i]];
+        }
+        std::copy(c2.begin(), c2.end(), cols.begin() + first);
+        std::copy(b2.begin(), b2.end(), bits.begin() + first);
+    }
+}
+
+// ---- info and validation -------------------------------------------------------------------
+
+twSpMatInfo_t info(const twSpMatDescr &s) {
+    twSpMatInfo_t out{0, 0, 0, 0};
+    const uint8_t *base = static_cast<const uint8_t *>(s.buffer);
+    if (s.format == TW_FORMAT_TWELL) {
+        const TwellLayout &l = s.twell;
+        const uint32_t *words = at<uint32_t>(base, 0);
+        for (int64_t r = 0; r < l.rows; ++r) {
+            int64_t row_nnz = 0;
+            for (int64_t t = 0; t < l.tiles; ++t)
+                row_nnz += std::min<int64_t>(words[l.block(r, t)] & kTwellCountMask, l.slots);
+            out.nnz += row_nnz;
+            out.maxRowNnz = std::max(out.maxRowNnz, row_nnz);
+        }
+        out.overflowRows = words[l.overflow_offset_words()];
+    } else {
+        const HybridLayout &l = s.hybrid;
+        const int32_t *nnz = at<int32_t>(base, l.row_nnz);
+        const int32_t *map = at<int32_t>(base, l.backup_map);
+        for (int64_t r = 0; r < l.rows; ++r) {
+            const bool stored = nnz[r] <= l.ell_width || map[r] >= 0;
+            if (stored) out.nnz += nnz[r];
+            out.maxRowNnz = std::max<int64_t>(out.maxRowNnz, nnz[r]);
+        }
+        out.overflowRows = at<int32_t>(base, l.backup_count)[0];
+    }
+    return out;
+}
+
+void validate(const twSpMatDescr &s, const char *name) {
+    const uint8_t *base = static_cast<const uint8_t *>(s.buffer);
+    if (s.format == TW_FORMAT_TWELL) {
+        const TwellLayout &l = s.twell;
+        const uint32_t *words = at<uint32_t>(base, 0);
+        const uint32_t *record = words + l.overflow_offset_words();
+        const int64_t listed = record[0];
+        if (listed > l.rows)
+            fail(TW_STATUS_INVALID_VALUE, "%s: overflow record lists %" PRId64 " rows, more than the %" PRId64 " rows",
+                 name, listed, l.rows);
+        for (int64_t i = 0; i < listed; ++i) {
+            const int64_t id = record[1 + i];
+            if (id >= l.rows)
+                fail(TW_STATUS_INVALID_VALUE, "%s: overflow record entry %" PRId64 " names row %" PRId64 ", out of range",
+                     name, i, id);
+            if (i > 0 && id <= static_cast<int64_t>(record[i]))
+                fail(TW_STATUS_INVALID_VALUE, "%s: overflow record entry %" PRId64 " (row %" PRId64
+                     ") is not in ascending order or repeats a row", name, i, id);
+        }
+        std::vector<uint8_t> seen(static_cast<size_t>(std::max<int64_t>(l.cols, 1)), 0);
+        int64_t next_listed = 0;
+        for (int64_t r = 0; r < l.rows; ++r) {
+            bool row_overflow = false;
+            for (int64_t t = 0; t < l.tiles; ++t) {
+                const uint32_t *block = words + l.block(r, t);
+                const uint32_t header = block[0];
+                if (header & ~(kTwellCountMask | kTwellOverflowBit))
+                    fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", tile %" PRId64 ", slot 0: reserved header bits set (0x%08x)",
+                         name, r, t, header);
+                const int64_t count = header & kTwellCountMask;
+                if (count > l.slots)
+                    fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", tile %" PRId64 ", slot 0: count %" PRId64
+                         " exceeds the %" PRId64 " slots", name, r, t, count, l.slots);
+                if ((header & kTwellOverflowBit) && count != l.slots)
+                    fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", tile %" PRId64 ", slot 0: overflow bit set with count %" PRId64
+                         " below the %" PRId64 " slots", name, r, t, count, l.slots);
+                row_overflow |= (header & kTwellOverflowBit) != 0;
+                const int64_t lo = t * l.tile_width, hi = std::min<int64_t>(lo + l.tile_width, l.cols);
+                for (int64_t i = 0; i < count; ++i) {
+                    const int64_t col = twell_entry_col(block[1 + i]);
+                    if (col < lo || col >= hi)
+                        fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", tile %" PRId64 ", slot %" PRId64 ": column %" PRId64
+                             " lies outside the tile [%" PRId64 ", %" PRId64 ")", name, r, t, i + 1, col, lo, hi);
+                    if (seen[static_cast<size_t>(col)])
+                        fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", tile %" PRId64 ", slot %" PRId64
+                             ": duplicate column %" PRId64, name, r, t, i + 1, col);
+                    seen[static_cast<size_t>(col)] = 1;
+                }
+                for (int64_t i = 0; i < count; ++i) seen[static_cast<size_t>(twell_entry_col(block[1 + i]))] = 0;
+            }
+            const bool is_listed = next_listed < listed && record[1 + next_listed] == static_cast<uint32_t>(r);
+            if (row_overflow != is_listed)
+                fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": overflow bit %s but the row is %slisted in the overflow record",
+                     name, r, row_overflow ? "set" : "clear", is_listed ? "" : "not ");
+            if (is_listed) ++next_listed;
+        }
+        return;
+    }
+    const HybridLayout &l = s.hybrid;
+    const int32_t *nnz = at<int32_t>(base, l.row_nnz);
+    const uint16_t *ecols = at<uint16_t>(base, l.ell_cols);
+    const int32_t *map = at<int32_t>(base, l.backup_map);
+    const int32_t *ids = at<int32_t>(base, l.backup_row_ids);
+    const int64_t needed = at<int32_t>(base, l.backup_count)[0];
+    if (needed < 0 || needed > l.rows)
+        fail(TW_STATUS_INVALID_VALUE, "%s: backup_count %" PRId64 " outside [0, %" PRId64 "]", name, needed, l.rows);
+    const int64_t stored = std::min(needed, l.backup_rows);
+    for (int64_t slot = 0; slot < stored; ++slot) {
+        const int64_t r = ids[slot];
+        if (r < 0 || r >= l.rows)
+            fail(TW_STATUS_INVALID_VALUE, "%s: backup slot %" PRId64 ": row id %" PRId64 " out of range", name, slot, r);
+        if (map[r] != slot)
+            fail(TW_STATUS_INVALID_VALUE, "%s: backup slot %" PRId64 " holds row %" PRId64 " but backup_map[%" PRId64 "] = %d",
+                 name, slot, r, r, map[r]);
+    }
+    std::vector<uint8_t> seen(static_cast<size_t>(std::max<int64_t>(l.cols, 1)), 0);
+    int64_t over = 0;
+    for (int64_t r = 0; r < l.rows; ++r) {
+        const int64_t n = nnz[r];
+        if (n < 0 || n > l.cols)
+            fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": row_nnz %" PRId64 " outside [0, cols = %" PRId64 "]", name, r, n,
+                 l.cols);
+        const int64_t slot = map[r];
+        if (n <= l.ell_width) {
+            if (slot != -1)
+                fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": %" PRId64 " non-zeros fit the ELL width but backup_map is %" PRId64,
+                     name, r, n, slot);
+            const uint16_t *rc = ecols + r * l.ell_width;
+            for (int64_t i = 0; i < n; ++i) {
+                if (rc[i] >= l.cols)
+                    fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", slot %" PRId64 ": column %d >= cols = %" PRId64, name, r, i,
+                         rc[i], l.cols);
+                if (seen[rc[i]])
+                    fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", slot %" PRId64 ": duplicate column %d", name, r, i, rc[i]);
+                seen[rc[i]] = 1;
+            }
+            for (int64_t i = 0; i < n; ++i) seen[rc[i]] = 0;
+            continue;
+        }
+        ++over;
+        if (slot == -1) {
+            if (needed <= l.backup_rows)
+                fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": %" PRId64 " non-zeros exceed the ELL width %d but the row has no backup slot",
+                     name, r, n, l.ell_width);
+            continue;  // recorded as not stored (capacity exceeded)
+        }
+        if (slot < 0 || slot >= stored)
+            fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": backup_map %" PRId64 " is not a filled backup slot", name, r, slot);
+        const uint8_t *dense = base + l.backup_vals + static_cast<size_t>(slot * l.cols) * l.value_bytes;
+        int64_t count = 0;
+        for (int64_t c = 0; c < l.cols; ++c) count += is_stored_nonzero(read_bits(dense, static_cast<size_t>(c), l.value_bytes));
+        if (count != n)
+            fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": backup row holds %" PRId64 " non-zeros, row_nnz says %" PRId64, name,
+                 r, count, n);
+    }
+    if (over != needed)
+        fail(TW_STATUS_INVALID_VALUE, "%s: backup_count is %" PRId64 " but %" PRId64 " rows exceed the ELL width", name, needed, over);
+}
+
+}  // namespace twblas::reference
