@@ -165,9 +165,10 @@ TEST_CASE("heavy rows beyond the saved ELL width are recomputed exactly", "[ffn]
 
 TEST_CASE("backward agrees with finite differences of the forward", "[ffn][backward]") {
     // Tiny fp32 case in HIGHEST_PRECISION: L(theta) = sum(dY * y) + l1 * mean_t sum |h|, central
-    // differences with step 1e-2 on a loss that is quadratic in each parameter away from ReLU
-    // kinks (z stays far from 0 by construction below), so the difference quotient is exact up
-    // to fp32 rounding of L (~1e-6 relative): tolerance 2e-3 absolute on gradients of order 1.
+    // differences (step 1e-3, loss in fp64) of a loss that is quadratic in each parameter away
+    // from the kinks of ReLU and |h|, so the quotient is exact there; parameters whose step
+    // crosses a kink show a second difference far above a quadratic's (~1e-6) and are skipped.
+    // The library computes in fp32: tolerance 2e-3 absolute on gradients of order 1.
     for (bool gated : {true, false}) {
         DYNAMIC_SECTION((gated ? "gated" : "plain")) {
             const int64_t m = 3, d = 4, hd = 6;
@@ -207,8 +208,10 @@ TEST_CASE("backward agrees with finite differences of the forward", "[ffn][backw
                                                    nullptr));
             twDestroyFfn(ffn);
 
-            const double step = 1e-2;
+            const double step = 1e-3;
+            size_t checked = 0, total = 0;
             auto fd_check = [&](const char *name, std::vector<float> &param, const Dense &grad) {
+                total += param.size();
                 for (size_t i = 0; i < param.size(); ++i) {
                     const float keep = param[i];
                     param[i] = keep + float(step);
@@ -219,7 +222,8 @@ TEST_CASE("backward agrees with finite differences of the forward", "[ffn][backw
                     // skip parameters whose perturbation crosses a ReLU kink (the FD is then not a derivative)
                     const double l0 = loss(x, wg, wu, wd);
                     const double curvature = std::fabs(lp - 2 * l0 + lm);
-                    if (curvature > 1e-2) continue;
+                    if (curvature > 1e-4) continue;
+                    ++checked;
                     const double fd = (lp - lm) / (2 * step);
                     INFO(name << "[" << i << "]: finite difference " << fd << ", backward " << grad.get(int64_t(i) / d, int64_t(i) % d));
                     CHECK(grad.get(int64_t(i) / d, int64_t(i) % d) == Approx(fd).margin(2e-3));
@@ -229,6 +233,7 @@ TEST_CASE("backward agrees with finite differences of the forward", "[ffn][backw
             if (gated) fd_check("dWgate", wg, DWG);
             fd_check("dWup", wu, DWU);
             fd_check("dWdown", wd, DWD);
+            CHECK(checked * 10 >= total * 8);  // kinks are rare: most parameters are checked
         }
     }
 }
