@@ -10,29 +10,34 @@ using namespace twblas;
 
 namespace {
 
-const char *kWeightHint = " (H x D)";
+const char *kWeightHint = " (H x D)";  // for the gradients
 const char *kDownHint = " (H x D; TW_ORDER_COL for nn.Linear's down_proj.weight)";
 
-/// Checks the weights of an FFN of kind `kind`; returns {D, H} taken from wUp.
+/// Checks the weights of an FFN of kind `kind`; returns {D, H}. The first weight in the argument
+/// list (wGate when gated, else wUp) sets H x D; the others must match it.
 std::pair<int64_t, int64_t> check_weights(twFfnKind_t kind, twDnMatDescr_t wGate, const twDnMatDescr &wu,
                                           const twDnMatDescr &wd, const twDnMatDescr **wg_out) {
-    const int64_t h = wu.rows, d = wu.cols;
-    if (h == 0 || d == 0)
-        fail(TW_STATUS_INVALID_VALUE, "wUp: expected H x D with H, D >= 1, got %" PRId64 " x %" PRId64, wu.rows, wu.cols);
-    if (d > kMaxSparseCols || h > kMaxSparseCols)
-        fail(TW_STATUS_NOT_SUPPORTED, "wUp: %" PRId64 " x %" PRId64 ": D and H are limited to 65536 (16-bit indices)", h, d);
     *wg_out = nullptr;
+    const twDnMatDescr *first = &wu;
+    const char *first_name = "wUp";
     if (kind == TW_FFN_GATED_RELU) {
         if (!wGate) fail(TW_STATUS_INVALID_VALUE, "wGate: NULL, but TW_FFN_GATED_RELU needs the gate weights");
-        const twDnMatDescr &wg = get_dn(wGate, "wGate");
-        require_shape(wg, h, d, "wGate", kWeightHint);
-        require_same_type(wu.type, wg.type, "wGate");
-        *wg_out = &wg;
+        *wg_out = first = &get_dn(wGate, "wGate");
+        first_name = "wGate";
     } else if (wGate) {
         fail(TW_STATUS_INVALID_VALUE, "wGate: must be NULL for TW_FFN_RELU");
     }
+    const int64_t h = first->rows, d = first->cols;
+    if (h == 0 || d == 0)
+        fail(TW_STATUS_INVALID_VALUE, "%s: expected H x D with H, D >= 1, got %" PRId64 " x %" PRId64, first_name, h, d);
+    if (d > kMaxSparseCols || h > kMaxSparseCols)
+        fail(TW_STATUS_NOT_SUPPORTED, "%s: %" PRId64 " x %" PRId64 ": D and H are limited to 65536 (16-bit indices)",
+             first_name, h, d);
+    const std::string hint = format(" (H x D as %s)", first_name);
+    if (*wg_out) require_shape(wu, h, d, "wUp", hint.c_str());
     require_shape(wd, h, d, "wDown", kDownHint);
-    require_same_type(wu.type, wd.type, "wDown");
+    require_same_type(first->type, wu.type, "wUp");
+    require_same_type(first->type, wd.type, "wDown");
     return {d, h};
 }
 
@@ -91,9 +96,9 @@ twStatus_t twFfnUpdateWeights(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t wGa
         const twDnMatDescr *wg = nullptr;
         const auto [d, hdim] = check_weights(f.kind, wGate, wu, wd, &wg);
         if (d != f.model_dim || hdim != f.hidden_dim)
-            fail(TW_STATUS_INVALID_VALUE, "wUp: expected %" PRId64 " x %" PRId64 " as at twCreateFfn, got %" PRId64 " x %" PRId64,
-                 f.hidden_dim, f.model_dim, hdim, d);
-        require_same_type(f.type, wu.type, "wUp");
+            fail(TW_STATUS_INVALID_VALUE, "%s: expected %" PRId64 " x %" PRId64 " as at twCreateFfn, got %" PRId64 " x %" PRId64,
+                 wg ? "wGate" : "wUp", f.hidden_dim, f.model_dim, hdim, d);
+        require_same_type(f.type, wg ? wg->type : wu.type, wg ? "wGate" : "wUp");
         ctx.impl->ffn_update_weights(f, wg, wu, wd);
         return TW_STATUS_SUCCESS;
     });
