@@ -29,5 +29,9 @@ endif()
 if(TWBLAS_WITH_CUDA)
   string(APPEND TWBLAS_PC_PRIVATE_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcusparse -lcublasLt -lcublas -lcudart")
 endif()
+# relocatable: the prefix is found from the .pc file's own location, so `cmake --install
+# --prefix DIR` works whatever CMAKE_INSTALL_PREFIX was at configure time
+file(RELATIVE_PATH _twblas_pc_up "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
+set(TWBLAS_PC_PREFIX "\${pcfiledir}/${_twblas_pc_up}")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/twblas.pc.in ${PROJECT_BINARY_DIR}/twblas.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/twblas.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
