@@ -46,14 +46,14 @@ void check_kind(twFfnKind_t kind) {
         fail(TW_STATUS_INVALID_VALUE, "kind: %d is not a twFfnKind_t (TW_FFN_GATED_RELU, TW_FFN_RELU)", static_cast<int>(kind));
 }
 
-/// X: M x D, Y: M x D, both of the FFN's value type.
-void check_activations(const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y) {
+/// X: M x D, and y (named y_name: Y or dY): M x D, both of the FFN's value type.
+void check_activations(const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y, const char *y_name = "Y") {
     if (x.cols != ffn.model_dim)
         fail(TW_STATUS_INVALID_VALUE, "X: expected M x %" PRId64 " (D), got %" PRId64 " x %" PRId64, ffn.model_dim, x.rows,
              x.cols);
-    require_shape(y, x.rows, ffn.model_dim, "Y", " (M x D, M = X's rows)");
+    require_shape(y, x.rows, ffn.model_dim, y_name, " (M x D, M = X's rows)");
     require_same_type(ffn.type, x.type, "X");
-    require_same_type(ffn.type, y.type, "Y");
+    require_same_type(ffn.type, y.type, y_name);
 }
 
 void check_tokens(int64_t tokens) { require_nonnegative(tokens, "tokens"); }
@@ -290,7 +290,7 @@ twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t 
         require_same_backend(ctx, f, "ffn");
         const twDnMatDescr &x = get_dn(X, "X");
         const twDnMatDescr &dy = get_dn(dY, "dY");
-        check_activations(f, x, dy);
+        check_activations(f, x, dy, "dY");
         const twDnMatDescr &dx = get_dn(dX, "dX");
         require_shape(dx, x.rows, f.model_dim, "dX", " (M x D)");
         require_same_type(f.type, dx.type, "dX");
