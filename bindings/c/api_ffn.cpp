@@ -296,6 +296,7 @@ twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t 
         require_same_type(f.type, dx.type, "dX");
         const twDnMatDescr *dwg = nullptr;
         if (f.gated()) {
+            if (!dWgate) fail(TW_STATUS_INVALID_VALUE, "dWgate: NULL, but TW_FFN_GATED_RELU has gate weights to differentiate");
             dwg = &get_dn(dWgate, "dWgate");
             require_shape(*dwg, f.hidden_dim, f.model_dim, "dWgate", kWeightHint);
             require_same_type(f.type, dwg->type, "dWgate");
