@@ -16,6 +16,16 @@ std::unique_ptr<Dense> worked_example_row() {
     return d;
 }
 
+/// 3 x 20 bf16: row 0 = 1.0 at column 5, -2.0 at 17; row 1 empty; row 2 = 1..12 at columns 4..15.
+std::unique_ptr<Dense> hybrid_example() {
+    auto d = std::make_unique<Dense>(3, 20, TW_R_16BF);
+    std::fill(d->storage.begin(), d->storage.end(), 0u);
+    d->set(0, 5, 1.0f);
+    d->set(0, 17, -2.0f);
+    for (int c = 0; c < 12; ++c) d->set(2, c + 4, float(c + 1));
+    return d;
+}
+
 twStatus_t convert(twHandle_t h, twDnMatDescr_t in, twSpMatDescr_t out, twConvertOp_t op = TW_CONVERT_PLAIN) {
     size_t bytes = 0;
     if (twDenseToSparse_bufferSize(h, in, out, op, &bytes) != TW_STATUS_SUCCESS) return TW_STATUS_INTERNAL_ERROR;
@@ -85,11 +95,8 @@ TEST_CASE("TwELL entries written by hand decode in any order", "[formats]") {
 TEST_CASE("a hybrid row holds its entries in ELL slots, a heavy row densely", "[formats]") {
     Handle h;
     // 3 rows x 20 columns, E = 8, B = 1: row 0 has 2 entries, row 1 none, row 2 has 12 (> E)
-    Dense d(3, 20, TW_R_16BF);
-    std::fill(d.storage.begin(), d.storage.end(), 0u);
-    d.set(0, 5, 1.0f);
-    d.set(0, 17, -2.0f);
-    for (int c = 0; c < 12; ++c) d.set(2, c + 4, float(c + 1));
+    auto example = hybrid_example();
+    const Dense &d = *example;
     auto hy = Sparse::hybrid(3, 20, 8, 1);
     REQUIRE(convert(h, d, *hy) == TW_STATUS_SUCCESS);
     TW_REQUIRE_OK(h, twSpMatValidate(h, *hy));
@@ -222,11 +229,8 @@ TEST_CASE("the validator reports the first violation of a corrupted TwELL buffer
 
 TEST_CASE("the validator reports the first violation of a corrupted hybrid buffer", "[formats][validate]") {
     Handle h;
-    Dense d(3, 20, TW_R_16BF);
-    std::fill(d.storage.begin(), d.storage.end(), 0u);
-    d.set(0, 5, 1.0f);
-    d.set(0, 17, -2.0f);
-    for (int c = 0; c < 12; ++c) d.set(2, c + 4, float(c + 1));
+    auto example = hybrid_example();
+    const Dense &d = *example;
     auto hy = Sparse::hybrid(3, 20, 8, 1);
     REQUIRE(convert(h, d, *hy) == TW_STATUS_SUCCESS);
     const std::vector<uint8_t> good(hy->buffer, hy->buffer + hy->bytes);

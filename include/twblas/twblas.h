@@ -84,10 +84,17 @@ TWBLAS_API const char *twGetErrorMessage(twHandle_t handle);
 TWBLAS_API twStatus_t twGetVersion(int *version);
 
 /** Value types. Sparse containers hold 16-bit values (TwELL) or 16/32-bit values (hybrid). */
-typedef enum { TW_R_32F = 0, TW_R_16F = 1, TW_R_16BF = 2 } twDataType_t;
+typedef enum {
+    TW_R_32F = 0,  /**< IEEE fp32 */
+    TW_R_16F = 1,  /**< IEEE fp16 (16-bit pattern) */
+    TW_R_16BF = 2  /**< bfloat16 (16-bit pattern) */
+} twDataType_t;
 /** Storage order of a dense matrix: ROW = row-major (ld >= cols), COL = column-major
  *  (ld >= rows). */
-typedef enum { TW_ORDER_ROW = 0, TW_ORDER_COL = 1 } twOrder_t;
+typedef enum {
+    TW_ORDER_ROW = 0,  /**< row-major: element (r, c) at r * ld + c */
+    TW_ORDER_COL = 1   /**< column-major: element (r, c) at c * ld + r */
+} twOrder_t;
 /**@}*/
 
 /* ------------------------------------------------------------------------------------------ */
@@ -112,7 +119,10 @@ TWBLAS_API twStatus_t twDnMatGet(twDnMatDescr_t descr, int64_t *rows, int64_t *c
 /** Sparse matrix descriptor (TwELL or hybrid) over a user buffer. */
 typedef struct twSpMatDescr *twSpMatDescr_t;
 /** Sparse storage formats (docs/formats.md). */
-typedef enum { TW_FORMAT_TWELL = 0, TW_FORMAT_HYBRID = 1 } twFormat_t;
+typedef enum {
+    TW_FORMAT_TWELL = 0,  /**< tile-wise ELLPACK: one packed uint32 matrix */
+    TW_FORMAT_HYBRID = 1  /**< ELL rows + dense backup rows */
+} twFormat_t;
 
 /** Bytes of a TwELL buffer: rows x NT*W uint32 words (NT = ceil(cols/T), W = T/C) followed by
  *  the overflow record (a uint32 row count and up to `rows` uint32 row ids).
@@ -170,7 +180,10 @@ TWBLAS_API twStatus_t twSpMatValidate(twHandle_t handle, twSpMatDescr_t descr);
 /** What a conversion applies on the way: PLAIN keeps every value whose bit pattern is not
  *  +0 (so dense -> sparse -> dense is bit-exact, -0.0 included); RELU keeps values > 0 and NaN
  *  (as torch.relu does). */
-typedef enum { TW_CONVERT_PLAIN = 0, TW_CONVERT_RELU = 1 } twConvertOp_t;
+typedef enum {
+    TW_CONVERT_PLAIN = 0,  /**< keep every non-zero bit pattern */
+    TW_CONVERT_RELU = 1    /**< keep values > 0 and NaN */
+} twConvertOp_t;
 
 /** Workspace bytes for the conversion of `in` (dense) into `out` (TwELL or hybrid). */
 TWBLAS_API twStatus_t twDenseToSparse_bufferSize(twHandle_t h, twDnMatDescr_t in,
@@ -196,7 +209,8 @@ TWBLAS_API twStatus_t twSparseToDense(twHandle_t h, twSpMatDescr_t in, twDnMatDe
  *  twDenseToSparse_convert. */
 TWBLAS_API twStatus_t twSparseConvert(twHandle_t h, twSpMatDescr_t in, twSpMatDescr_t out);
 /** out = in^T (in: rows x cols, out: cols x rows; same value type). The columns of `out`
- *  are the rows of `in`, hence rows of `in` <= 65536. */
+ *  are the rows of `in`, hence rows of `in` <= 65536. CAPACITY_EXCEEDED as for
+ *  twDenseToSparse_convert when `out` cannot hold the transposed rows. */
 TWBLAS_API twStatus_t twSparseTranspose(twHandle_t h, twSpMatDescr_t in, twSpMatDescr_t out);
 /**@}*/
 
@@ -207,7 +221,10 @@ TWBLAS_API twStatus_t twSparseTranspose(twHandle_t h, twSpMatDescr_t in, twSpMat
 /** A feed-forward layer: weights, their packed copy and its attributes. */
 typedef struct twFfnDescr *twFfnDescr_t;
 /** Gated: Y = (ReLU(X Wg^T) * (X Wu^T)) Wd; plain: Y = ReLU(X Wu^T) Wd. */
-typedef enum { TW_FFN_GATED_RELU = 0, TW_FFN_RELU = 1 } twFfnKind_t;
+typedef enum {
+    TW_FFN_GATED_RELU = 0,  /**< Y = (ReLU(X Wg^T) * (X Wu^T)) Wd */
+    TW_FFN_RELU = 1         /**< Y = ReLU(X Wu^T) Wd */
+} twFfnKind_t;
 
 /** Setup: validates the weights (each logical H x D; Wd TW_ORDER_COL is nn.Linear's
  *  down_proj.weight) and copies them into the backend's layout (allocates, blocks). The
@@ -233,7 +250,10 @@ typedef enum {
 } twFfnAttribute_t;
 /** DEFAULT rounds g, u, h to the value type as dense PyTorch does; HIGHEST_PRECISION keeps
  *  every intermediate in fp32. Accumulation is fp32 or better in both. */
-typedef enum { TW_COMPUTE_DEFAULT = 0, TW_COMPUTE_HIGHEST_PRECISION = 1 } twComputeMode_t;
+typedef enum {
+    TW_COMPUTE_DEFAULT = 0,           /**< intermediates rounded as dense PyTorch does */
+    TW_COMPUTE_HIGHEST_PRECISION = 1  /**< fp32 intermediates */
+} twComputeMode_t;
 /** Sets an attribute; size must be sizeof(int32_t). */
 TWBLAS_API twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr,
                                         const void *value, size_t size);
@@ -245,8 +265,9 @@ TWBLAS_API twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr,
 TWBLAS_API twStatus_t twSpGEMMFused_bufferSize(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
                                                twDnMatDescr_t Y, size_t *bytes);
 /** Forward (inference): Y = FFN(X). X, Y: M x D, the weights' value type. hidden: optional
- *  (NULL) M x H TwELL or hybrid descriptor that receives h; rows it cannot hold are recorded in
- *  it (twSpMatGetInfo) and Y stays exact. Exact for any sparsity pattern. */
+ *  (NULL) M x H TwELL or hybrid descriptor that receives h, rounded to the container's own value
+ *  type; rows it cannot hold are recorded in it (twSpMatGetInfo) and Y stays exact. Exact for
+ *  any sparsity pattern. The workspace size comes from twSpGEMMFused_bufferSize. */
 TWBLAS_API twStatus_t twSpGEMMFused(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
                                     twDnMatDescr_t Y, twSpMatDescr_t hidden, void *workspace);
 
@@ -258,6 +279,8 @@ typedef struct {
     int64_t overflowRows; /**< rows with a TwELL tile over capacity: the exact dense path */
     double l1;            /**< sum over tokens and units of |h|, divided by tokens */
 } twFfnStats_t;
+/** Reads the statistics of the last forward (twSpGEMMFused or twSpGEMMFusedForwardTrain) on
+ *  this FFN; zeros before the first. Blocking. */
 TWBLAS_API twStatus_t twFfnGetStats(twHandle_t h, twFfnDescr_t ffn, twFfnStats_t *stats);
 
 /** Per-neuron activation counts since the last reset (H int64 values into backend memory). */
@@ -274,7 +297,8 @@ TWBLAS_API twStatus_t twFfnResetNeuronCounts(twHandle_t h, twFfnDescr_t ffn);
  *  gate pattern with g and u; rows too dense for it are recomputed from X in the backward). */
 TWBLAS_API twStatus_t twSpGEMMFusedSaved_bufferSize(twHandle_t h, twFfnDescr_t ffn,
                                                     int64_t tokens, size_t *bytes);
-/** Forward that also writes what the backward needs into `saved`. */
+/** Forward that also writes what the backward needs into `saved` (twSpGEMMFusedSaved_bufferSize
+ *  bytes, backend memory); workspace as for twSpGEMMFused. Updates the FFN's statistics. */
 TWBLAS_API twStatus_t twSpGEMMFusedForwardTrain(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
                                                 twDnMatDescr_t Y, void *saved, void *workspace);
 /** Workspace bytes for twSpGEMMFusedBackward. */
@@ -298,16 +322,18 @@ TWBLAS_API twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDn
 TWBLAS_API twStatus_t twGemmToSparse_bufferSize(twHandle_t h, twDnMatDescr_t A, twDnMatDescr_t B,
                                                 twSpMatDescr_t C, twConvertOp_t act,
                                                 size_t *bytes);
-/** C = act(alpha * A B^T) into a TwELL or hybrid C (A: M x K, B: N x K, C: M x N). Rows C
- *  cannot hold are recorded in C (compute call: no status depends on the data). */
+/** C = act(alpha * A B^T) into a TwELL or hybrid C (A: M x K, B: N x K, C: M x N), rounded to
+ *  C's own value type. Rows C cannot hold are recorded in C (compute call: no status depends on
+ *  the data). */
 TWBLAS_API twStatus_t twGemmToSparse(twHandle_t h, float alpha, twDnMatDescr_t A,
                                      twDnMatDescr_t B, twSpMatDescr_t C, twConvertOp_t act,
                                      void *workspace);
 /** Workspace bytes for twSpMM. */
 TWBLAS_API twStatus_t twSpMM_bufferSize(twHandle_t h, twSpMatDescr_t S, twDnMatDescr_t W,
                                         twDnMatDescr_t Y, size_t *bytes);
-/** Y = alpha * S W + beta * Y (S: M x K sparse, W: K x N, Y: M x N); beta == 0 does not read
- *  Y. CAPACITY_EXCEEDED (Y untouched) when S records rows it could not hold. */
+/** Y = alpha * S W + beta * Y (S: M x K sparse of any value type, W: K x N, Y: M x N of one
+ *  type); beta == 0 does not read Y. CAPACITY_EXCEEDED (Y untouched) when S records rows it
+ *  could not hold. */
 TWBLAS_API twStatus_t twSpMM(twHandle_t h, float alpha, twSpMatDescr_t S, twDnMatDescr_t W,
                              float beta, twDnMatDescr_t Y, void *workspace);
 /**@}*/

@@ -166,7 +166,7 @@ program test_fortran_ffn
                 'tw_status_name')
 
     ! ---- clean up -------------------------------------------------------------------------------
-    deallocate (work)
+    deallocate (work, msg)
     call check(twDestroyFfn(ffn), 'twDestroyFfn')
     call check(twDestroyDnMat(dx), 'twDestroyDnMat(X)')
     call check(twDestroyDnMat(dy), 'twDestroyDnMat(Y)')
