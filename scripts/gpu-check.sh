@@ -27,5 +27,18 @@ for t in "$build"/tests/test_* "$build"/examples/ffn_example_c "$build"/examples
   [ $rc -eq 0 ] || { status=1; tail -n 30 "$out/$name.log"; }
 done
 
-"$build/tools/twblas-demo" 2>&1 | tee "$out/demo.txt" || status=1
+"$build/tools/twblas-demo" --json "$out/demo.json" 2>&1 | tee "$out/demo.txt" || status=1
+
+# one JSON record of the run: GPU, per-binary results, the demo's numbers
+{
+  echo '{'
+  IFS=, read -r gpu driver clock mem < <(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader)
+  printf '  "gpu": "%s", "driver": "%s", "max_sm_clock": "%s", "memory": "%s",\n' "$gpu" "${driver# }" "${clock# }" "${mem# }"
+  printf '  "date": "%s",\n  "tests": {' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  sep=''
+  while read -r name result; do printf '%s"%s": "%s"' "$sep" "$name" "$result"; sep=', '; done <"$out/summary.txt"
+  printf '},\n  "demo": '
+  cat "$out/demo.json" 2>/dev/null || echo 'null'
+  echo '}'
+} >"$out/gpu-check.json"
 exit $status

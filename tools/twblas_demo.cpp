@@ -32,13 +32,14 @@ struct Options {
     bool gated = true;
     uint64_t seed = 1;
     int reps = 3;
+    std::string json;  // also write the results as JSON to this file
 };
 
 [[noreturn]] void usage(const char *msg) {
     if (msg) std::fprintf(stderr, "twblas-demo: %s\n\n", msg);
     std::fprintf(stderr,
                  "usage: twblas-demo [--tokens M] [--d D] [--h H] [--k ACTIVE] [--profile uniform|heavy|llm[-K]]\n"
-                 "                   [--backend default|cpu|cuda] [--plain] [--seed S] [--reps N]\n"
+                 "                   [--backend default|cpu|cuda] [--plain] [--seed S] [--reps N] [--json FILE]\n"
                  "  Runs a sparse gated-ReLU FFN (bf16) with twSpGEMMFused and compares it with a dense FFN.\n"
                  "  Defaults: D = 2048, H = 5632, k = 29 active units per token, M = 256 on the CPU, 16384 on a GPU.\n");
     std::exit(msg ? 2 : 0);
@@ -68,6 +69,7 @@ Options parse(int argc, char **argv) {
         else if (a == "--plain") o.gated = false;
         else if (a == "--seed") o.seed = static_cast<uint64_t>(number(next()));
         else if (a == "--reps") o.reps = std::max(1, static_cast<int>(number(next())));
+        else if (a == "--json") o.json = next();
         else if (a == "--help" || a == "-h") usage(nullptr);
         else usage(("unknown option " + a).c_str());
     }
@@ -205,6 +207,27 @@ int main(int argc, char **argv) {
     std::printf("  %-42s %12.3f\n", "dense FFN, Eigen fp32, same machine", t_dense * 1e3);
     std::printf("  speedup over the dense path: %.2fx (%d timed runs each)\n", t_dense / t_sparse, o.reps);
     std::printf("  check against the dense FFN: normwise relative error %.2e (bound 2e-2) %s\n", rel, ok ? "OK" : "FAILED");
+
+    if (!o.json.empty()) {
+        FILE *f = std::fopen(o.json.c_str(), "w");
+        if (!f) {
+            std::fprintf(stderr, "twblas-demo: cannot write %s\n", o.json.c_str());
+            return 1;
+        }
+        std::fprintf(f,
+                     "{\n  \"tool\": \"twblas-demo\",\n  \"backend\": \"%s\",\n  \"kind\": \"%s\",\n"
+                     "  \"tokens\": %lld, \"d\": %lld, \"h\": %lld, \"profile\": \"%s\", \"k\": %g, \"seed\": %llu,\n"
+                     "  \"mean_row_nnz\": %.4f, \"p99_row_nnz\": %lld, \"max_row_nnz\": %lld, \"max_tile_nnz\": %lld,\n"
+                     "  \"overflow_rows\": %lld, \"dead_units\": %lld,\n"
+                     "  \"sparse_ms\": %.4f, \"dense_eigen_fp32_ms\": %.4f, \"speedup_vs_dense\": %.4f, \"reps\": %d,\n"
+                     "  \"rel_error_vs_dense\": %.3e, \"ok\": %s\n}\n",
+                     backend == TW_BACKEND_CUDA ? "cuda" : "cpu", o.gated ? "gated" : "plain", (long long)o.tokens,
+                     (long long)o.d, (long long)o.h, tt::profile_name(o.profile), o.k, (unsigned long long)o.seed,
+                     stats.mean_row_nnz, (long long)stats.p99_row_nnz, (long long)stats.max_row_nnz,
+                     (long long)stats.max_tile_nnz, (long long)st.overflowRows, (long long)stats.dead_units,
+                     t_sparse * 1e3, t_dense * 1e3, t_dense / t_sparse, o.reps, rel, ok ? "true" : "false");
+        std::fclose(f);
+    }
 
     twDestroyFfn(ffn);
     for (twDnMatDescr_t d : {X, Y, WG, WU, WD}) twDestroyDnMat(d);

@@ -206,22 +206,21 @@ void ReferenceBackend::ffn_forward(twFfnDescr &ffn, const twDnMatDescr &x, const
     StatsAccumulator stats{ffn, st};
     std::unique_ptr<SparseWriter> writer;
     if (hidden) writer = std::make_unique<SparseWriter>(*hidden);
+    std::vector<int32_t> cols;
     std::vector<ValueBits> bits;
     forward_rows(ffn, x, y, [&](int64_t r, const RowActivity &a) {
         stats.add(a);
-        if (writer) {
-            bits.resize(a.cols.size());
-            for (size_t i = 0; i < a.cols.size(); ++i) bits[i] = to_bits(hidden->type, a.h[i]);
-            // h values that round to +0 in the container's type are not stored (zero is implicit)
-            size_t kept = 0;
-            std::vector<int32_t> cols(a.cols.size());
-            for (size_t i = 0; i < a.cols.size(); ++i)
-                if (is_stored_nonzero(bits[i])) {
-                    cols[kept] = a.cols[i];
-                    bits[kept++] = bits[i];
-                }
-            writer->write_row(r, cols.data(), bits.data(), static_cast<int64_t>(kept));
+        if (!writer) return;
+        // h values that round to +0 in the container's type are not stored (zero is implicit)
+        cols.clear();
+        bits.clear();
+        for (size_t i = 0; i < a.cols.size(); ++i) {
+            const ValueBits b = to_bits(hidden->type, a.h[i]);
+            if (!is_stored_nonzero(b)) continue;
+            cols.push_back(a.cols[i]);
+            bits.push_back(b);
         }
+        writer->write_row(r, cols.data(), bits.data(), static_cast<int64_t>(cols.size()));
     });
     stats.publish(x.rows);
 }
