@@ -135,7 +135,7 @@ twStatus_t twCreateWithBackend(twHandle_t *handle, twBackend_t backend) {
         if (backend == TW_BACKEND_DEFAULT) backend = cuda_backend_usable() ? TW_BACKEND_CUDA : TW_BACKEND_CPU;
         auto ctx = std::make_unique<twContext>();
         ctx->backend = backend;
-        ctx->impl = backend == TW_BACKEND_CUDA ? make_cuda_backend() : make_reference_backend();
+        ctx->impl = backend == TW_BACKEND_CUDA ? make_cuda_backend(&ctx->stream) : make_reference_backend();
         registry_add(ctx.get(), ObjectKind::Handle);
         *handle = ctx.release();
         return TW_STATUS_SUCCESS;

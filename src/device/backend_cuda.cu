@@ -1,9 +1,18 @@
-// The CUDA backend (sm_90a). Until its kernels land, a CUDA handle can be created on a usable
-// GPU and every routine reports TW_STATUS_NOT_SUPPORTED saying so; DEFAULT picks the CPU when
-// no usable GPU is present.
+// The CUDA backend (sm_90a). Compute calls (GemmToSparse, SpMM, the fused FFN) run as kernels
+// on the handle's stream with scratch from the caller's workspace: no allocation, no
+// synchronisation, capturable in CUDA graphs. Calls whose contract returns a result to the host
+// (info, validation, conversions that report CAPACITY_EXCEEDED, statistics) synchronise the
+// handle's stream; the sparse-to-sparse conversions, SparseToDense and the validator run the
+// reference code on a host copy ("host-staged"), which is exact and shares its messages.
 #include <cuda_runtime.h>
 
-#include "backend_stub.hpp"
+#include <algorithm>
+#include <vector>
+
+#include "host/backend.hpp"
+#include "cuda_util.cuh"
+#include "kernels.hpp"
+#include "lt_gemm.hpp"
 
 namespace twblas {
 
@@ -23,17 +32,288 @@ int device_major() {
     return major;
 }
 
+using cuda::check;
+
+int64_t round8(int64_t v) { return (v + 7) / 8 * 8; }
+
+// ---- host staging of buffers for the calls that run the reference code
+
+size_t dense_bytes(const twDnMatDescr &d) {
+    if (d.empty()) return 0;
+    const int64_t outer = d.order == TW_ORDER_ROW ? d.rows : d.cols, inner = d.order == TW_ORDER_ROW ? d.cols : d.rows;
+    return static_cast<size_t>((outer - 1) * d.ld + inner) * cuda::elem_bytes(d.type);
+}
+size_t sparse_bytes(const twSpMatDescr &s) {
+    return s.format == TW_FORMAT_TWELL ? s.twell.bytes() : s.hybrid.total;
+}
+
+/// A host mirror of one device buffer, copied in on creation and out on demand.
+class Staged {
+  public:
+    Staged(cudaStream_t stream, void *device, size_t bytes) : stream_(stream), device_(device), host_(bytes) {
+        if (bytes)
+            check(cudaMemcpyAsync(host_.data(), device, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+        check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    }
+    void *host() { return host_.data(); }
+    void write_back() {
+        if (!host_.empty())
+            check(cudaMemcpyAsync(device_, host_.data(), host_.size(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+        check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    }
+
+  private:
+    cudaStream_t stream_;
+    void *device_;
+    std::vector<uint8_t> host_;
+};
+
+struct StagedDense {
+    Staged buf;
+    twDnMatDescr d;
+    StagedDense(cudaStream_t s, const twDnMatDescr &dev) : buf(s, dev.values, dense_bytes(dev)), d(dev) { d.values = buf.host(); }
+};
+struct StagedSparse {
+    Staged buf;
+    twSpMatDescr d;
+    StagedSparse(cudaStream_t s, const twSpMatDescr &dev) : buf(s, dev.buffer, sparse_bytes(dev)), d(dev) { d.buffer = buf.host(); }
+};
+
+// ---- FFN state
+
+struct CudaFfnState final : FfnState {
+    cuda::FfnProblem shape{};  // m unset
+    cuda::DeviceBuffer gate, pair, down_t, stats, counts;
+};
+
+CudaFfnState &state_of(const twFfnDescr &ffn) { return static_cast<CudaFfnState &>(*ffn.state); }
+
+cuda::FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens) {
+    cuda::FfnProblem p{};
+    p.m = tokens;
+    p.d = ffn.model_dim;
+    p.h = ffn.hidden_dim;
+    p.dp = round8(p.d);
+    p.hp = round8(p.h);
+    p.type = ffn.type;
+    p.gated = ffn.gated();
+    p.highest = ffn.compute_mode == TW_COMPUTE_HIGHEST_PRECISION;
+    p.deterministic = ffn.deterministic != 0;
+    p.tile = ffn.tile_width;
+    p.slots = ffn.tile_width / ffn.compression - 1;
+    return p;
+}
+
+class CudaBackend final : public Backend {
+  public:
+    explicit CudaBackend(void *const *stream_slot) : stream_slot_(stream_slot), ref_(make_reference_backend()) {}
+    twBackend_t kind() const override { return TW_BACKEND_CUDA; }
+
+    // ---- inspection and conversions (host results: these synchronise)
+    twSpMatInfo_t sparse_info(const twSpMatDescr &s) override {
+        StagedSparse h(stream(), s);
+        return ref_->sparse_info(h.d);
+    }
+    void sparse_validate(const twSpMatDescr &s) override {
+        StagedSparse h(stream(), s);
+        ref_->sparse_validate(h.d);
+    }
+    size_t dense_to_sparse_workspace(const twDnMatDescr &, const twSpMatDescr &out) override {
+        return cuda::sparse_writer_workspace(out);
+    }
+    twStatus_t dense_to_sparse_analysis(const twDnMatDescr &in, const twSpMatDescr &out, twConvertOp_t op,
+                                        void *) override {
+        // the capacity check of the reference, on a host copy of `in`
+        StagedDense h(stream(), in);
+        std::vector<uint8_t> stamp(ref_->dense_to_sparse_workspace(h.d, out));
+        return ref_->dense_to_sparse_analysis(h.d, out, op, stamp.data());
+    }
+    twStatus_t dense_to_sparse_convert(const twDnMatDescr &in, const twSpMatDescr &out, twConvertOp_t op,
+                                       void *workspace) override {
+        cuda::write_sparse(stream(), cuda::matrix_arg(in), op, out, workspace);
+        return capacity_status(out);
+    }
+    twStatus_t sparse_to_dense(const twSpMatDescr &in, const twDnMatDescr &out) override {
+        StagedSparse hi(stream(), in);
+        StagedDense ho(stream(), out);
+        const twStatus_t st = ref_->sparse_to_dense(hi.d, ho.d);
+        if (st == TW_STATUS_SUCCESS) ho.buf.write_back();
+        return st;
+    }
+    twStatus_t sparse_convert(const twSpMatDescr &in, const twSpMatDescr &out) override {
+        StagedSparse hi(stream(), in), ho(stream(), out);
+        const twStatus_t st = ref_->sparse_convert(hi.d, ho.d);
+        ho.buf.write_back();
+        return st;
+    }
+    twStatus_t sparse_transpose(const twSpMatDescr &in, const twSpMatDescr &out) override {
+        StagedSparse hi(stream(), in), ho(stream(), out);
+        const twStatus_t st = ref_->sparse_transpose(hi.d, ho.d);
+        ho.buf.write_back();
+        return st;
+    }
+
+    // ---- building blocks (compute calls)
+    size_t gemm_to_sparse_workspace(const twDnMatDescr &a, const twDnMatDescr &b, const twSpMatDescr &c) override {
+        return gemm_scratch(a, b, c, nullptr).total;
+    }
+    void gemm_to_sparse(float alpha, const twDnMatDescr &a, const twDnMatDescr &b, const twSpMatDescr &c,
+                        twConvertOp_t act, void *workspace) override {
+        const GemmScratch s = gemm_scratch(a, b, c, workspace);
+        const int64_t ldz = std::max<int64_t>(1, round8(b.rows));
+        gemm_.run(stream(), alpha, operand(a), operand(b), {s.z, ldz, TW_R_32F}, s.lt, cuda::GemmRunner::kWorkspaceBytes);
+        const cuda::MatrixArg z{s.z, a.rows, b.rows, ldz, 1, TW_R_32F};
+        cuda::write_sparse(stream(), z, act, c, s.flags);
+    }
+    size_t spmm_workspace(const twSpMatDescr &, const twDnMatDescr &, const twDnMatDescr &) override { return 0; }
+    twStatus_t spmm(float alpha, const twSpMatDescr &s, const twDnMatDescr &w, float beta, const twDnMatDescr &y,
+                    void *) override {
+        // rows of S that a producer could not hold completely come out as NaN; their count is
+        // in twSpMatGetInfo(S).overflowRows (a compute call cannot return it without a sync)
+        cuda::spmm(stream(), alpha, s, cuda::matrix_arg(w), beta, cuda::matrix_arg(y));
+        return TW_STATUS_SUCCESS;
+    }
+
+    // ---- fused feed-forward
+    std::unique_ptr<FfnState> ffn_create(const twFfnDescr &ffn, const twDnMatDescr *wg, const twDnMatDescr &wu,
+                                         const twDnMatDescr &wd) override {
+        auto st = std::make_unique<CudaFfnState>();
+        const cuda::FfnProblem p = problem_of(ffn, 0);
+        if (p.dp > 32 * 8 * 4 * (p.type == TW_R_32F ? 4 : 8))
+            fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports a model dimension up to %d for this type; D = %lld",
+                 32 * 8 * 4 * (p.type == TW_R_32F ? 4 : 8), static_cast<long long>(p.d));
+        const size_t eb = cuda::elem_bytes(p.type);
+        st->gate.reset(static_cast<size_t>(p.h * p.dp) * eb);
+        st->pair.reset(static_cast<size_t>(p.h * p.dp * (p.gated ? 2 : 1)) * eb);
+        st->down_t.reset(static_cast<size_t>(p.d * p.hp) * eb);
+        st->stats.reset(sizeof(cuda::FfnDeviceStats));
+        st->counts.reset(static_cast<size_t>(p.h) * 8);
+        check(cudaMemsetAsync(st->stats.get(), 0, sizeof(cuda::FfnDeviceStats), stream()), "cudaMemsetAsync");
+        check(cudaMemsetAsync(st->counts.get(), 0, st->counts.bytes(), stream()), "cudaMemsetAsync");
+        repack(p, *st, wg, wu, wd);
+        return st;
+    }
+    void ffn_update_weights(twFfnDescr &ffn, const twDnMatDescr *wg, const twDnMatDescr &wu,
+                            const twDnMatDescr &wd) override {
+        repack(problem_of(ffn, 0), state_of(ffn), wg, wu, wd);
+    }
+    size_t ffn_forward_workspace(const twFfnDescr &ffn, int64_t tokens) override {
+        size_t bytes = 0;
+        cuda::carve_ffn_scratch(nullptr, problem_of(ffn, tokens), &bytes);
+        return bytes;
+    }
+    void ffn_forward(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y, const twSpMatDescr *hidden,
+                     void *workspace) override {
+        CudaFfnState &st = state_of(ffn);
+        const cuda::FfnProblem p = problem_of(ffn, x.rows);
+        const cuda::FfnScratch s = cuda::carve_ffn_scratch(workspace, p, nullptr);
+        const twDataType_t gate_type = p.highest ? TW_R_32F : p.type;
+        // the gate GEMM (cuBLASLt, tensor cores): z = X Wg^T, rounded to the gate type
+        gemm_.run(stream(), 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
+                  {s.gate, s.ldg, gate_type}, s.lt_workspace, s.lt_bytes);
+        const cuda::FfnWeights w{st.gate.get(), st.pair.get(), p.gated ? 2 * p.dp : p.dp, st.down_t.get()};
+        cuda::ffn_after_gate(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s,
+                             st.stats.get<cuda::FfnDeviceStats>(), st.counts.get<unsigned long long>(), hidden);
+    }
+    twFfnStats_t ffn_stats(const twFfnDescr &ffn) override {
+        cuda::FfnDeviceStats d{};
+        check(cudaMemcpyAsync(&d, state_of(ffn).stats.get(), sizeof d, cudaMemcpyDeviceToHost, stream()),
+              "cudaMemcpyAsync");
+        check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+        twFfnStats_t out{};
+        out.tokens = d.tokens;
+        out.meanRowNnz = d.tokens ? static_cast<double>(d.total_nnz) / static_cast<double>(d.tokens) : 0.0;
+        out.maxRowNnz = d.max_row;
+        out.overflowRows = d.overflow_rows;
+        out.l1 = d.tokens ? d.l1_sum / static_cast<double>(d.tokens) : 0.0;
+        return out;
+    }
+    void ffn_neuron_counts(const twFfnDescr &ffn, int64_t *counts) override {
+        const CudaFfnState &st = state_of(ffn);
+        check(cudaMemcpyAsync(counts, st.counts.get(), st.counts.bytes(), cudaMemcpyDeviceToDevice, stream()),
+              "cudaMemcpyAsync");
+    }
+    void ffn_reset_neuron_counts(twFfnDescr &ffn) override {
+        CudaFfnState &st = state_of(ffn);
+        check(cudaMemsetAsync(st.counts.get(), 0, st.counts.bytes(), stream()), "cudaMemsetAsync");
+    }
+
+    // ---- training: not on the GPU yet
+    size_t ffn_saved_bytes(const twFfnDescr &, int64_t) override { no_training("twSpGEMMFusedSaved_bufferSize"); }
+    void ffn_forward_train(twFfnDescr &, const twDnMatDescr &, const twDnMatDescr &, void *, void *) override {
+        no_training("twSpGEMMFusedForwardTrain");
+    }
+    size_t ffn_backward_workspace(const twFfnDescr &, int64_t) override { no_training("twSpGEMMFusedBackward"); }
+    void ffn_backward(twFfnDescr &, const twDnMatDescr &, const void *, const twDnMatDescr &, float,
+                      const twDnMatDescr &, const twDnMatDescr *, const twDnMatDescr &, const twDnMatDescr &,
+                      void *) override {
+        no_training("twSpGEMMFusedBackward");
+    }
+
+  private:
+    cudaStream_t stream() const { return static_cast<cudaStream_t>(*stream_slot_); }
+
+    [[noreturn]] static void no_training(const char *routine) {
+        fail(TW_STATUS_NOT_SUPPORTED, "%s: the CUDA backend has no training kernels yet; use a TW_BACKEND_CPU handle",
+             routine);
+    }
+
+    static cuda::GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }
+
+    struct GemmScratch {
+        void *lt, *z;
+        int32_t *flags;
+        size_t total;
+    };
+    static GemmScratch gemm_scratch(const twDnMatDescr &a, const twDnMatDescr &b, const twSpMatDescr &c, void *ws) {
+        cuda::WorkspaceCarver carve(ws);
+        GemmScratch s{};
+        s.lt = carve.take<char>(cuda::GemmRunner::kWorkspaceBytes);
+        s.z = carve.take<float>(static_cast<size_t>(a.rows * std::max<int64_t>(1, round8(b.rows))));
+        s.flags = carve.take<int32_t>(cuda::sparse_writer_workspace(c) / 4 + 1);
+        s.total = carve.used();
+        return s;
+    }
+
+    /// After a conversion: reads the record / backup count (this synchronises).
+    twStatus_t capacity_status(const twSpMatDescr &out) {
+        uint32_t needed = 0;
+        const size_t at = out.format == TW_FORMAT_TWELL ? out.twell.overflow_offset_words() * 4 : out.hybrid.backup_count;
+        check(cudaMemcpyAsync(&needed, static_cast<uint8_t *>(out.buffer) + at, 4, cudaMemcpyDeviceToHost, stream()),
+              "cudaMemcpyAsync");
+        check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+        const int64_t lost = out.format == TW_FORMAT_TWELL
+                                 ? static_cast<int64_t>(needed)
+                                 : std::max<int64_t>(0, static_cast<int32_t>(needed) - out.hybrid.backup_rows);
+        if (lost > 0)
+            fail(TW_STATUS_CAPACITY_EXCEEDED, "out: %lld rows do not fit the container (recorded in it; see twSpMatGetInfo)",
+                 static_cast<long long>(lost));
+        return TW_STATUS_SUCCESS;
+    }
+
+    void repack(const cuda::FfnProblem &p, CudaFfnState &st, const twDnMatDescr *wg, const twDnMatDescr &wu,
+                const twDnMatDescr &wd) {
+        const cuda::MatrixArg g = wg ? cuda::matrix_arg(*wg) : cuda::MatrixArg{};
+        cuda::repack_weights(stream(), p, wg ? &g : nullptr, cuda::matrix_arg(wu), cuda::matrix_arg(wd), st.gate.get(),
+                             st.pair.get(), st.down_t.get());
+        check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");  // setup call: blocks
+    }
+
+    void *const *stream_slot_;
+    std::unique_ptr<Backend> ref_;
+    cuda::GemmRunner gemm_;
+};
+
 }  // namespace
 
 bool cuda_backend_usable() { return device_major() >= 9; }
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(void *const *stream_slot) {
     const int major = device_major();
     if (major < 0) fail(TW_STATUS_NOT_SUPPORTED, "backend: no usable GPU found by the CUDA runtime");
     if (major < 9)
         fail(TW_STATUS_ARCH_MISMATCH, "backend: the CUDA backend is built for sm_90a (Hopper); this GPU is sm_%d", major * 10);
-    return std::make_unique<UnavailableBackend>(TW_BACKEND_CUDA,
-                                                "the CUDA kernels are not implemented yet; use a TW_BACKEND_CPU handle");
+    return std::make_unique<CudaBackend>(stream_slot);
 }
 
 }  // namespace twblas

@@ -74,7 +74,8 @@ class Backend {
 /// The Eigen reference backend (src/host/reference).
 std::unique_ptr<Backend> make_reference_backend();
 /// The CUDA backend (src/device), or an Error(NOT_SUPPORTED) saying why it is unavailable.
-std::unique_ptr<Backend> make_cuda_backend();
+/// `stream_slot` points at the handle's stream, which the backend reads at each call.
+std::unique_ptr<Backend> make_cuda_backend(void *const *stream_slot);
 /// Whether the CUDA backend was compiled in and a usable GPU is present.
 bool cuda_backend_usable();
 

@@ -1,0 +1,643 @@
+// The fused feed-forward after its gate GEMM:
+//   pack      one warp per token turns the gate row into the list of active units (ascending),
+//             flags rows with a TwELL tile over capacity and appends them to the dense list;
+//   sparse    a team of warps per token reads only the active units' rows [Wu_j | Wd_j] and
+//             accumulates y in registers; h never goes to memory;
+//   dense     overflowing rows go through gathered tensor-core GEMMs whose row count is read on
+//             the device (no host synchronisation): exact for any sparsity;
+//   stats     per-row counts reduced in a fixed order (deterministic).
+#include <cub/block/block_reduce.cuh>
+#include <mma.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cuda_util.cuh"
+#include "kernels.hpp"
+
+namespace twblas::cuda {
+
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+struct MaxOp {
+    __device__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
+};
+
+// ---- 16-byte chunks of 8 (16-bit) or 4 (fp32) values
+
+template <class T> struct Chunk;
+template <> struct Chunk<__nv_bfloat16> {
+    static constexpr int n = 8;
+    __device__ static float get(const uint4 &c, int i) {
+        const uint32_t w = (&c.x)[i / 2];
+        return __uint_as_float(i % 2 ? (w & 0xffff0000u) : (w << 16));
+    }
+};
+template <> struct Chunk<__half> {
+    static constexpr int n = 8;
+    __device__ static float get(const uint4 &c, int i) {
+        const uint32_t w = (&c.x)[i / 2];
+        return __half2float(__ushort_as_half(static_cast<unsigned short>(i % 2 ? w >> 16 : w & 0xffffu)));
+    }
+};
+template <> struct Chunk<float> {
+    static constexpr int n = 4;
+    __device__ static float get(const uint4 &c, int i) { return __uint_as_float((&c.x)[i]); }
+};
+
+template <class T> __device__ inline float load_elem(const T *p, int64_t i) { return Value<T>::to_float(p[i]); }
+template <> __device__ inline float load_elem<float>(const float *p, int64_t i) { return p[i]; }
+template <class T> __device__ inline void store_elem(T *p, int64_t i, float v) { p[i] = Value<T>::from_float(v); }
+
+/// Gate value (type T, or fp32 in HIGHEST_PRECISION) as fp32.
+template <class T> __device__ inline float gate_value(const void *g, int64_t i, bool f32) {
+    return f32 ? static_cast<const float *>(g)[i] : load_elem(static_cast<const T *>(g), i);
+}
+template <class T> __device__ inline void gate_store(void *g, int64_t i, bool f32, float v) {
+    if (f32)
+        static_cast<float *>(g)[i] = v;
+    else
+        store_elem(static_cast<T *>(g), i, v);
+}
+
+__device__ inline int warp_scan_incl(int v) {
+    const int lane = threadIdx.x & 31;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(kFull, v, o);
+        if (lane >= o) v += n;
+    }
+    return v;
+}
+
+// ---- pack: one warp per token, 256 gate values (8 per lane) per step
+
+template <class T> struct PackArgs {
+    void *gate;
+    int64_t ldg, m, h;
+    bool gate_f32, zero_inactive;
+    int tile, slots, cap;
+    uint16_t *idx;
+    int32_t *count, *row_nnz, *dense_rows;
+    uint32_t *dense_count;
+    unsigned long long *neuron_counts;
+};
+
+template <class T> __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> a) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+    if (row >= a.m) return;
+    const int lane = threadIdx.x & 31;
+    const int lanes_per_tile = a.tile / 8;
+    const int first = lane & ~(lanes_per_tile - 1);
+    uint16_t *idx = a.idx + row * a.cap;
+    int total = 0;
+    bool overflow = false;
+    for (int64_t c0 = 0; c0 < a.h; c0 += 256) {
+        const int64_t cl = c0 + lane * 8;
+        float v[8];
+        if (cl < a.ldg) {  // ldg is a multiple of 8: whole 16-byte chunks
+            if (a.gate_f32) {
+                const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(a.gate) + row * a.ldg + cl);
+                const float4 q0 = p[0], q1 = p[1];
+                v[0] = q0.x, v[1] = q0.y, v[2] = q0.z, v[3] = q0.w, v[4] = q1.x, v[5] = q1.y, v[6] = q1.z, v[7] = q1.w;
+            } else {
+                const uint4 q = *reinterpret_cast<const uint4 *>(static_cast<const T *>(a.gate) + row * a.ldg + cl);
+                for (int i = 0; i < 8; ++i) v[i] = Chunk<T>::get(q, i);
+            }
+        }
+        unsigned mask = 0;
+        for (int i = 0; i < 8; ++i)
+            if (cl + i < a.h && relu_active(v[i])) mask |= 1u << i;
+        const int n = __popc(mask);
+        const int incl = warp_scan_incl(n), excl = incl - n;
+        const int tile_base = __shfl_sync(kFull, excl, first);
+        const int tile_count = __shfl_sync(kFull, incl, first + lanes_per_tile - 1) - tile_base;
+        overflow |= __any_sync(kFull, tile_count > a.slots);
+        int pos = total + excl;
+        for (int i = 0; i < 8; ++i) {
+            if (!(mask >> i & 1u)) continue;
+            if (pos < a.cap) idx[pos] = static_cast<uint16_t>(cl + i);
+            ++pos;
+            if (a.neuron_counts) atomicAdd(a.neuron_counts + cl + i, 1ull);
+        }
+        if (a.zero_inactive && cl < a.ldg && mask != 0xffu) {
+            for (int i = 0; i < 8; ++i)
+                if (!(mask >> i & 1u)) gate_store<T>(a.gate, row * a.ldg + cl + i, a.gate_f32, 0.0f);
+        }
+        total += __shfl_sync(kFull, incl, 31);
+    }
+    if (lane == 0) {
+        a.row_nnz[row] = total;
+        if (overflow) {
+            a.count[row] = -1;
+            a.dense_rows[atomicAdd(a.dense_count, 1u)] = static_cast<int32_t>(row);
+        } else {
+            a.count[row] = total;
+        }
+    }
+}
+
+// ---- sparse up/down: a team of W warps per token; V 16-byte chunks of x per thread
+
+template <class T> struct SparseArgs {
+    const T *x;
+    int64_t x_rs, x_cs;
+    bool x_vec;
+    T *y;
+    int64_t y_rs, y_cs;
+    bool y_vec;
+    const T *pair;
+    int64_t pair_stride, dp, d, m;
+    void *gate;
+    int64_t ldg;
+    bool gate_f32, gated, highest, write_h;
+    const uint16_t *idx;
+    int cap;
+    const int32_t *count;
+    float *row_l1;
+};
+
+template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(SparseArgs<T> a) {
+    constexpr int E = Chunk<T>::n;
+    const int team_threads = blockDim.x;  // 32 * W
+    const int warps = team_threads / 32;
+    const int t = threadIdx.x, lane = t & 31, warp = t / 32;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+    __shared__ float partial[2][32];
+    if (row >= a.m) return;  // uniform per team; teams of W > 1 have blockDim.y == 1
+    const int n = a.count[row];
+    if (n < 0) return;  // the dense path writes this row
+
+    // x chunks in registers
+    uint4 xc[V];
+#pragma unroll
+    for (int c = 0; c < V; ++c) {
+        const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
+        if (k0 < a.dp && a.x_vec) {
+            xc[c] = *reinterpret_cast<const uint4 *>(a.x + row * a.x_rs + k0);
+        } else {
+            T tmp[E];
+            for (int i = 0; i < E; ++i)
+                tmp[i] = k0 + i < a.d ? a.x[row * a.x_rs + (k0 + i) * a.x_cs] : Value<T>::from_float(0.0f);
+            xc[c] = *reinterpret_cast<const uint4 *>(tmp);
+        }
+    }
+    float acc[V][E];
+#pragma unroll
+    for (int c = 0; c < V; ++c)
+#pragma unroll
+        for (int i = 0; i < E; ++i) acc[c][i] = 0.0f;
+    float l1 = 0.0f;
+    int parity = 0;
+
+    for (int base = 0; base < n; base += 32) {
+        const int here = min(32, n - base);
+        int my_col = 0;
+        float my_g = 0.0f;
+        if (lane < here) {
+            my_col = a.idx[row * a.cap + base + lane];
+            my_g = gate_value<T>(a.gate, row * a.ldg + my_col, a.gate_f32);
+        }
+        for (int i = 0; i < here; ++i) {
+            const int j = __shfl_sync(kFull, my_col, i);
+            const float g = __shfl_sync(kFull, my_g, i);
+            const T *wrow = a.pair + j * a.pair_stride;
+            float h = g;
+            uint4 wd[V];
+            if (a.gated) {
+                uint4 wu[V];
+#pragma unroll
+                for (int c = 0; c < V; ++c) {
+                    const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
+                    const bool in = k0 < a.dp;
+                    wu[c] = in ? __ldg(reinterpret_cast<const uint4 *>(wrow + k0)) : make_uint4(0, 0, 0, 0);
+                    wd[c] = in ? __ldg(reinterpret_cast<const uint4 *>(wrow + a.dp + k0)) : make_uint4(0, 0, 0, 0);
+                }
+                float dot = 0.0f;
+#pragma unroll
+                for (int c = 0; c < V; ++c)
+#pragma unroll
+                    for (int e = 0; e < E; ++e) dot = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(wu[c], e), dot);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(kFull, dot, o);
+                if (warps > 1) {
+                    if (lane == 0) partial[parity][warp] = dot;
+                    __syncthreads();
+                    dot = 0.0f;
+                    for (int w = 0; w < warps; ++w) dot += partial[parity][w];
+                    parity ^= 1;
+                }
+                const float u = a.highest ? dot : round_to<T>(dot);
+                h = a.highest ? g * u : round_to<T>(g * u);
+            } else {
+#pragma unroll
+                for (int c = 0; c < V; ++c) {
+                    const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
+                    wd[c] = k0 < a.dp ? __ldg(reinterpret_cast<const uint4 *>(wrow + k0)) : make_uint4(0, 0, 0, 0);
+                }
+            }
+            l1 += fabsf(h);
+            if (a.write_h && t == 0) gate_store<T>(a.gate, row * a.ldg + j, a.gate_f32, h);
+#pragma unroll
+            for (int c = 0; c < V; ++c)
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[c][e] = fmaf(h, Chunk<T>::get(wd[c], e), acc[c][e]);
+        }
+    }
+
+#pragma unroll
+    for (int c = 0; c < V; ++c) {
+        const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
+        if (k0 >= a.dp) continue;
+        if (a.y_vec) {
+            T out[E];
+            for (int e = 0; e < E; ++e) out[e] = Value<T>::from_float(acc[c][e]);
+            *reinterpret_cast<uint4 *>(a.y + row * a.y_rs + k0) = *reinterpret_cast<const uint4 *>(out);
+        } else {
+            for (int e = 0; e < E; ++e)
+                if (k0 + e < a.d) a.y[row * a.y_rs + (k0 + e) * a.y_cs] = Value<T>::from_float(acc[c][e]);
+        }
+    }
+    if (t == 0) a.row_l1[row] = l1;
+}
+
+// ---- dense path: C[rows[i], :] = epilogue(A[rows[i], :] * B^T) for i < *count
+//
+// A element (r, k) at a + r * a_rs + k * a_cs (type TA); B row-major n x k (ldb, type T, K-major,
+// padded with zeros). 64 x 128 output tiles, K steps of 32, 8 warps (each 32 x 32).
+
+enum class Epilogue { UpGated, Down };
+
+template <class T, class TA> struct GatherArgs {
+    const TA *a;
+    int64_t a_rs, a_cs;
+    bool relu_a;  // plain FFN: A is the raw gate, apply ReLU on load
+    const T *b;
+    int64_t ldb, n, k;
+    const int32_t *rows;
+    const uint32_t *count;
+    void *gate;  // UpGated: reads g, writes h (gate type)
+    int64_t ldg;
+    bool gate_f32, highest;
+    T *y;  // Down
+    int64_t y_rs, y_cs;
+};
+
+constexpr int kTm = 64, kTn = 128, kTk = 32;
+
+template <class T, class TA> __device__ inline float a_elem(const GatherArgs<T, TA> &g, int64_t r, int64_t k) {
+    float v = load_elem(g.a, r * g.a_rs + k * g.a_cs);
+    if (g.relu_a && !relu_active(v)) v = 0.0f;
+    return v;
+}
+
+template <class T, class TA, Epilogue EPI>
+__device__ inline void gather_epilogue(const GatherArgs<T, TA> &g, int64_t r, int64_t col, float z) {
+    if (col >= g.n) return;
+    if constexpr (EPI == Epilogue::UpGated) {
+        const int64_t at = r * g.ldg + col;
+        const float gv = gate_value<T>(g.gate, at, g.gate_f32);
+        float h = 0.0f;
+        if (relu_active(gv)) {
+            const float u = g.highest ? z : round_to<T>(z);
+            h = g.highest ? gv * u : round_to<T>(gv * u);
+        }
+        gate_store<T>(g.gate, at, g.gate_f32, h);
+    } else {
+        g.y[r * g.y_rs + col * g.y_cs] = Value<T>::from_float(z);
+    }
+}
+
+/// Tensor-core version (16-bit A and B): wmma 16x16x16, fp32 accumulation.
+template <class T, Epilogue EPI> __global__ void __launch_bounds__(256) gathered_gemm_tc(GatherArgs<T, T> g) {
+    using namespace nvcuda;
+    __shared__ __align__(32) T sa[kTm][kTk + 8];
+    __shared__ __align__(32) T sb[kTn][kTk + 8];
+    __shared__ __align__(32) float sc[kTm][kTn + 4];
+    __shared__ int64_t srow[kTm];
+    const int tid = threadIdx.x, warp = tid / 32;
+    const int wm = warp / 4, wn = warp % 4;  // 2 x 4 warps of 32 x 32
+    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTn;
+    const int64_t total = *g.count;
+    for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTm; m0 < total; m0 += static_cast<int64_t>(gridDim.y) * kTm) {
+        __syncthreads();
+        if (tid < kTm) srow[tid] = m0 + tid < total ? g.rows[m0 + tid] : -1;
+        __syncthreads();
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+        for (int i = 0; i < 2; ++i)
+            for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+        for (int64_t k0 = 0; k0 < g.k; k0 += kTk) {
+            // A: 64 x 32 elements, 8 per thread
+            for (int e = tid; e < kTm * kTk; e += 256) {
+                const int r = e / kTk, kk = e % kTk;
+                const int64_t row = srow[r];
+                float v = 0.0f;
+                if (row >= 0 && k0 + kk < g.k) v = a_elem(g, row, k0 + kk);
+                sa[r][kk] = Value<T>::from_float(v);
+            }
+            // B: 128 x 32 elements as 16-byte chunks (rows padded with zeros to ldb)
+            for (int e = tid; e < kTn * kTk / 8; e += 256) {
+                const int r = e / (kTk / 8), kc = (e % (kTk / 8)) * 8;
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (n0 + r < g.n && k0 + kc < g.ldb) v = *reinterpret_cast<const uint4 *>(g.b + (n0 + r) * g.ldb + k0 + kc);
+                *reinterpret_cast<uint4 *>(&sb[r][kc]) = v;
+            }
+            __syncthreads();
+            for (int kk = 0; kk < kTk; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb[2];
+                for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &sa[wm * 32 + i * 16][kk], kTk + 8);
+                for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &sb[wn * 32 + j * 16][kk], kTk + 8);
+                for (int i = 0; i < 2; ++i)
+                    for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+            }
+            __syncthreads();
+        }
+        for (int i = 0; i < 2; ++i)
+            for (int j = 0; j < 2; ++j)
+                wmma::store_matrix_sync(&sc[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], kTn + 4, wmma::mem_row_major);
+        __syncthreads();
+        for (int e = tid; e < kTm * kTn; e += 256) {
+            const int r = e / kTn, c = e % kTn;
+            if (srow[r] >= 0) gather_epilogue<T, T, EPI>(g, srow[r], n0 + c, sc[r][c]);
+        }
+    }
+}
+
+/// fp32 version (fp32 data, or HIGHEST_PRECISION's fp32 h): plain FMAs, 4 x 8 outputs per thread.
+template <class T, class TA, Epilogue EPI> __global__ void __launch_bounds__(256) gathered_gemm_f32(GatherArgs<T, TA> g) {
+    __shared__ float sa[kTk][kTm + 1];
+    __shared__ float sb[kTk][kTn + 1];
+    __shared__ int64_t srow[kTm];
+    const int tid = threadIdx.x;
+    const int tr = tid / 16, tc = tid % 16;  // rows tr*4.., cols tc + 16*j
+    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTn;
+    const int64_t total = *g.count;
+    for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTm; m0 < total; m0 += static_cast<int64_t>(gridDim.y) * kTm) {
+        __syncthreads();
+        if (tid < kTm) srow[tid] = m0 + tid < total ? g.rows[m0 + tid] : -1;
+        __syncthreads();
+        float acc[4][8] = {};
+        for (int64_t k0 = 0; k0 < g.k; k0 += kTk) {
+            for (int e = tid; e < kTm * kTk; e += 256) {
+                const int r = e / kTk, kk = e % kTk;
+                const int64_t row = srow[r];
+                sa[kk][r] = row >= 0 && k0 + kk < g.k ? a_elem(g, row, k0 + kk) : 0.0f;
+            }
+            for (int e = tid; e < kTn * kTk; e += 256) {
+                const int r = e / kTk, kk = e % kTk;
+                sb[kk][r] = n0 + r < g.n && k0 + kk < g.k ? load_elem(g.b, (n0 + r) * g.ldb + k0 + kk) : 0.0f;
+            }
+            __syncthreads();
+            for (int kk = 0; kk < kTk; ++kk) {
+                float av[4], bv[8];
+                for (int i = 0; i < 4; ++i) av[i] = sa[kk][tr * 4 + i];
+                for (int j = 0; j < 8; ++j) bv[j] = sb[kk][tc + 16 * j];
+                for (int i = 0; i < 4; ++i)
+                    for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+            }
+            __syncthreads();
+        }
+        for (int i = 0; i < 4; ++i) {
+            const int64_t row = srow[tr * 4 + i];
+            if (row < 0) continue;
+            for (int j = 0; j < 8; ++j) gather_epilogue<T, TA, EPI>(g, row, n0 + tc + 16 * j, acc[i][j]);
+        }
+    }
+}
+
+/// l1 of the rows on the dense path: one warp per row, over h held in the gate buffer.
+template <class T> __global__ void dense_rows_l1(const void *gate, int64_t ldg, int64_t h, bool f32, bool relu,
+                                                 const int32_t *rows, const uint32_t *count, float *row_l1) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < *count; i += warps) {
+        const int64_t r = rows[i];
+        float s = 0.0f;
+        for (int64_t c = lane; c < h; c += 32) {
+            const float v = gate_value<T>(gate, r * ldg + c, f32);
+            if (!relu || relu_active(v)) s += fabsf(v);
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
+        if (lane == 0) row_l1[r] = s;
+    }
+}
+
+/// Statistics in a fixed order: one block, each thread a contiguous range of rows.
+constexpr int kStatsThreads = 512;
+__global__ void __launch_bounds__(kStatsThreads) finalize_stats(int64_t m, const int32_t *row_nnz,
+                                                                const int32_t *count, const float *row_l1,
+                                                                FfnDeviceStats *out) {
+    const int64_t per = (m + kStatsThreads - 1) / kStatsThreads;
+    const int64_t lo = min(m, threadIdx.x * per), hi = min(m, lo + per);
+    long long nnz = 0, mx = 0, over = 0;
+    double l1 = 0.0;
+    for (int64_t r = lo; r < hi; ++r) {
+        nnz += row_nnz[r];
+        mx = max(mx, static_cast<long long>(row_nnz[r]));
+        over += count[r] < 0;
+        l1 += row_l1[r];
+    }
+    using ReduceL = cub::BlockReduce<long long, kStatsThreads>;
+    using ReduceD = cub::BlockReduce<double, kStatsThreads>;
+    __shared__ union {
+        typename ReduceL::TempStorage l;
+        typename ReduceD::TempStorage d;
+    } temp;
+    const long long tn = ReduceL(temp.l).Sum(nnz);
+    __syncthreads();
+    const long long tm = ReduceL(temp.l).Reduce(mx, MaxOp{});
+    __syncthreads();
+    const long long to = ReduceL(temp.l).Sum(over);
+    __syncthreads();
+    const double tl = ReduceD(temp.d).Sum(l1);
+    if (threadIdx.x == 0) *out = FfnDeviceStats{m, tn, tm, to, tl};
+}
+
+// ---- weight repacking (setup)
+
+__global__ void repack(MatrixArg in, bool transpose, void *out, int64_t ldo, int64_t out_rows, int64_t out_cols,
+                       int elem) {
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t r = blockIdx.y;
+    if (c >= out_cols) return;
+    // out (r, c) = in(r, c), or in(c, r) when transposed; zero in the padding
+    const int64_t ir = transpose ? c : r, ic = transpose ? r : c;
+    uint32_t v = 0;
+    if (ir < in.rows && ic < in.cols) {
+        const int64_t i = ir * in.rs + ic * in.cs;
+        v = elem == 4 ? static_cast<const uint32_t *>(in.ptr)[i] : static_cast<const uint16_t *>(in.ptr)[i];
+    }
+    if (elem == 4)
+        static_cast<uint32_t *>(out)[r * ldo + c] = v;
+    else
+        static_cast<uint16_t *>(out)[r * ldo + c] = static_cast<uint16_t>(v);
+    (void)out_rows;
+}
+
+void launch_repack(cudaStream_t stream, const MatrixArg &in, bool transpose, void *out, int64_t ldo,
+                   int64_t out_rows, int64_t out_cols) {
+    if (out_rows == 0 || out_cols == 0) return;
+    for (int64_t r0 = 0; r0 < out_rows; r0 += 65535) {  // grid.y limit
+        const int64_t rows = std::min<int64_t>(65535, out_rows - r0);
+        const int elem = static_cast<int>(elem_bytes(in.type));
+        MatrixArg shifted = in;
+        // shift the output rows: logical out row r0 + y
+        if (transpose)
+            shifted.ptr = static_cast<char *>(in.ptr) + r0 * in.cs * elem, shifted.cols = in.cols - r0;
+        else
+            shifted.ptr = static_cast<char *>(in.ptr) + r0 * in.rs * elem, shifted.rows = in.rows - r0;
+        repack<<<dim3(ceil_div(out_cols, 256), static_cast<unsigned>(rows)), 256, 0, stream>>>(
+            shifted, transpose, static_cast<char *>(out) + r0 * ldo * elem, ldo, rows, out_cols, elem);
+        check_launch("repack");
+    }
+}
+
+// ---- launch helpers
+
+template <class T> void launch_sparse(cudaStream_t stream, const SparseArgs<T> &a) {
+    constexpr int E = Chunk<T>::n;
+    const int64_t per_warp_max = 8 * 32 * E;  // elements a warp covers with V = 8
+    const int warps = std::max(1, ceil_div(a.dp, per_warp_max));
+    if (warps > 4) fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports D up to %lld", static_cast<long long>(4 * per_warp_max));
+    const int v_needed = ceil_div(a.dp, static_cast<int64_t>(warps) * 32 * E);
+    const int tokens = warps == 1 ? 4 : 1;
+    const dim3 block(32 * warps, tokens);
+    const unsigned grid = static_cast<unsigned>(ceil_div(a.m, tokens));
+    if (v_needed <= 1)
+        sparse_ffn<T, 1><<<grid, block, 0, stream>>>(a);
+    else if (v_needed <= 2)
+        sparse_ffn<T, 2><<<grid, block, 0, stream>>>(a);
+    else if (v_needed <= 4)
+        sparse_ffn<T, 4><<<grid, block, 0, stream>>>(a);
+    else
+        sparse_ffn<T, 8><<<grid, block, 0, stream>>>(a);
+    check_launch("sparse_ffn");
+}
+
+template <class T, class TA, Epilogue EPI>
+void launch_gathered(cudaStream_t stream, const GatherArgs<T, TA> &g, int64_t max_rows, bool tensor_cores) {
+    if (max_rows == 0 || g.n == 0) return;
+    int sms = 132;
+    int dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const int tiles_n = ceil_div(g.n, kTn);
+    const int row_blocks = ceil_div(max_rows, kTm);
+    const int grid_y = std::max(1, std::min(row_blocks, std::max(1, 4 * sms / tiles_n)));
+    const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(grid_y));
+    if constexpr (std::is_same_v<T, TA> && !std::is_same_v<T, float>) {
+        if (tensor_cores) {
+            gathered_gemm_tc<T, EPI><<<grid, 256, 0, stream>>>(g);
+            check_launch("gathered_gemm_tc");
+            return;
+        }
+    }
+    gathered_gemm_f32<T, TA, EPI><<<grid, 256, 0, stream>>>(g);
+    check_launch("gathered_gemm_f32");
+}
+
+template <class T>
+void after_gate(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
+                const FfnScratch &s, FfnDeviceStats *stats, unsigned long long *neuron_counts,
+                const twSpMatDescr *hidden) {
+    const bool gate_f32 = p.type == TW_R_32F || p.highest;
+    check(cudaMemsetAsync(s.dense_count, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
+
+    PackArgs<T> pk{s.gate, s.ldg, p.m, p.h, gate_f32, hidden != nullptr, p.tile, p.slots, s.cap,
+                   s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts};
+    pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
+    check_launch("pack_rows");
+
+    const size_t eb = elem_bytes(p.type);
+    auto aligned = [&](const MatrixArg &mat) {
+        return mat.cs == 1 && (mat.rs * static_cast<int64_t>(eb)) % 16 == 0 &&
+               reinterpret_cast<uintptr_t>(mat.ptr) % 16 == 0 && p.d % 8 == 0;
+    };
+    SparseArgs<T> sp{static_cast<const T *>(x.ptr), x.rs, x.cs, aligned(x), static_cast<T *>(y.ptr), y.rs, y.cs,
+                     aligned(y), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, s.gate, s.ldg,
+                     gate_f32, p.gated, p.highest, hidden != nullptr, s.idx, s.cap, s.count, s.row_l1};
+    launch_sparse<T>(stream, sp);
+
+    // dense path: the row count lives on the device; grids are sized for all M rows and idle
+    // blocks leave at once
+    const bool tc = !gate_f32;
+    if (p.gated) {
+        GatherArgs<T, T> up{static_cast<const T *>(x.ptr), x.rs, x.cs, false, static_cast<const T *>(w.pair),
+                            w.pair_stride, p.h, p.d, s.dense_rows, s.dense_count, s.gate, s.ldg, gate_f32,
+                            p.highest, nullptr, 0, 0};
+        launch_gathered<T, T, Epilogue::UpGated>(stream, up, p.m, tc);
+    }
+    if (gate_f32) {
+        GatherArgs<T, float> down{static_cast<const float *>(s.gate), s.ldg, 1, !p.gated,
+                                  static_cast<const T *>(w.down_t), p.hp, p.d, p.h, s.dense_rows, s.dense_count,
+                                  nullptr, 0, gate_f32, p.highest, static_cast<T *>(y.ptr), y.rs, y.cs};
+        launch_gathered<T, float, Epilogue::Down>(stream, down, p.m, false);
+    } else {
+        GatherArgs<T, T> down{static_cast<const T *>(s.gate), s.ldg, 1, !p.gated, static_cast<const T *>(w.down_t),
+                              p.hp, p.d, p.h, s.dense_rows, s.dense_count, nullptr, 0, gate_f32, p.highest,
+                              static_cast<T *>(y.ptr), y.rs, y.cs};
+        launch_gathered<T, T, Epilogue::Down>(stream, down, p.m, tc);
+    }
+    dense_rows_l1<T><<<256, 256, 0, stream>>>(s.gate, s.ldg, p.h, gate_f32, !p.gated, s.dense_rows, s.dense_count,
+                                              s.row_l1);
+    check_launch("dense_rows_l1");
+    finalize_stats<<<1, kStatsThreads, 0, stream>>>(p.m, s.row_nnz, s.count, s.row_l1, stats);
+    check_launch("finalize_stats");
+
+    if (hidden) {
+        // the gate buffer now holds h (inactive units zeroed by pack); PLAIN keeps every stored
+        // pattern but +0, as the reference does
+        const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, gate_f32 ? TW_R_32F : p.type};
+        write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags);
+    }
+}
+
+}  // namespace
+
+FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes) {
+    WorkspaceCarver c(workspace);
+    FfnScratch s{};
+    s.lt_bytes = size_t{32} << 20;
+    s.lt_workspace = c.take<char>(s.lt_bytes);
+    const bool gate_f32 = p.type == TW_R_32F || p.highest;
+    s.ldg = p.hp;
+    s.gate = c.take<char>(static_cast<size_t>(p.m * p.hp) * (gate_f32 ? 4 : 2));
+    const int64_t tiles = (p.h + p.tile - 1) / p.tile;
+    s.cap = static_cast<int32_t>(std::min<int64_t>(tiles * p.slots, p.h));
+    s.idx = c.take<uint16_t>(static_cast<size_t>(p.m * s.cap));
+    s.count = c.take<int32_t>(static_cast<size_t>(p.m));
+    s.row_nnz = c.take<int32_t>(static_cast<size_t>(p.m));
+    s.row_l1 = c.take<float>(static_cast<size_t>(p.m));
+    s.dense_count = c.take<uint32_t>(1);
+    s.dense_rows = c.take<int32_t>(static_cast<size_t>(p.m));
+    s.writer_flags = c.take<int32_t>(static_cast<size_t>(p.m) + 64);
+    if (bytes) *bytes = c.used();
+    return s;
+}
+
+void repack_weights(cudaStream_t stream, const FfnProblem &p, const MatrixArg *wg, const MatrixArg &wu,
+                    const MatrixArg &wd, void *gate, void *pair, void *down_t) {
+    const int64_t eb = static_cast<int64_t>(elem_bytes(p.type));
+    launch_repack(stream, p.gated ? *wg : wu, false, gate, p.dp, p.h, p.dp);
+    if (p.gated) {
+        // pair row j = [Wu_j | Wd_j]: two strided copies into the halves
+        launch_repack(stream, wu, false, pair, 2 * p.dp, p.h, p.dp);
+        launch_repack(stream, wd, false, static_cast<char *>(pair) + p.dp * eb, 2 * p.dp, p.h, p.dp);
+    } else {
+        launch_repack(stream, wd, false, pair, p.dp, p.h, p.dp);
+    }
+    launch_repack(stream, wd, true, down_t, p.hp, p.d, p.hp);
+}
+
+void ffn_after_gate(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
+                    const MatrixArg &y, const FfnScratch &s, FfnDeviceStats *stats,
+                    unsigned long long *neuron_counts, const twSpMatDescr *hidden) {
+    switch (p.type) {
+        case TW_R_16BF: after_gate<__nv_bfloat16>(stream, p, w, x, y, s, stats, neuron_counts, hidden); break;
+        case TW_R_16F: after_gate<__half>(stream, p, w, x, y, s, stats, neuron_counts, hidden); break;
+        default: after_gate<float>(stream, p, w, x, y, s, stats, neuron_counts, hidden); break;
+    }
+}
+
+}  // namespace twblas::cuda

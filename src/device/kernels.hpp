@@ -1,0 +1,92 @@
+// Host-side launchers of the CUDA kernels. Every launcher enqueues on the given stream, never
+// allocates and never synchronises; scratch comes from a caller's workspace.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "host/objects.hpp"
+
+namespace twblas::cuda {
+
+/// A dense matrix as kernels see it: element (r, c) at ptr + (r * rs + c * cs) elements.
+struct MatrixArg {
+    void *ptr;
+    int64_t rows, cols, rs, cs;
+    twDataType_t type;
+};
+MatrixArg matrix_arg(const twDnMatDescr &d);
+
+// ---- dense -> sparse writer (DenseToSparse, GemmToSparse, the FFN's hidden output)
+
+/// Workspace of write_sparse: one flag per row.
+size_t sparse_writer_workspace(const twSpMatDescr &out);
+/// Writes `in` (op RELU keeps > 0 and NaN; PLAIN keeps every pattern but +0) into `out`,
+/// rounding to its value type when the types differ, with the overflow record / backup slots
+/// assigned in ascending row order (deterministic).
+void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
+                  void *workspace);
+
+// ---- SpMM: Y = alpha * S * W + beta * Y (rows of S that are incomplete come out as NaN)
+void spmm(cudaStream_t stream, float alpha, const twSpMatDescr &s, const MatrixArg &w, float beta,
+          const MatrixArg &y);
+
+}  // namespace twblas::cuda
+
+namespace twblas::cuda {
+
+// ---- the fused feed-forward (ffn_kernels.cu)
+
+/// The FFN's weights in the kernels' layouts, made once by twCreateFfn (dp = D rounded up to 8,
+/// hp = H rounded up to 8; pads are zero).
+struct FfnWeights {
+    const void *gate;     // H x dp: Wg (gated) or Wu (plain), the GEMM whose ReLU gives sparsity
+    const void *pair;     // H rows of `pair_stride`: [Wu_j | Wd_j] (gated) or [Wd_j] (plain)
+    int64_t pair_stride;  // elements
+    const void *down_t;   // D x hp: Wd^T, for the dense path of overflowing rows
+};
+
+/// Device-side statistics of the last forward (deterministic: reduced in a fixed order).
+struct FfnDeviceStats {
+    long long tokens, total_nnz, max_row, overflow_rows;
+    double l1_sum;
+};
+
+struct FfnProblem {
+    int64_t m, d, h, dp, hp;
+    twDataType_t type;   // X, Y and weights
+    bool gated, highest, deterministic;
+    int32_t tile, slots;  // TwELL tile of the path: a row with more than `slots` active units in
+                          // a tile goes through the exact dense path
+};
+
+/// Pieces of a forward's workspace, carved in one place so that sizing and use agree.
+struct FfnScratch {
+    void *lt_workspace;  // cuBLASLt
+    size_t lt_bytes;
+    void *gate;          // M x hp, gate type (value type; fp32 in HIGHEST_PRECISION)
+    int64_t ldg;
+    uint16_t *idx;       // M x cap active units in ascending order
+    int32_t cap;
+    int32_t *count;      // M: active units, -1 for rows on the dense path
+    int32_t *row_nnz;    // M: active units of every row
+    float *row_l1;       // M: sum |h| of each row
+    uint32_t *dense_count;  // 1: rows on the dense path
+    int32_t *dense_rows;    // M
+    int32_t *writer_flags;  // M (hidden output)
+};
+FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
+
+/// Copies user weights (device, any order) into the FfnWeights layout.
+void repack_weights(cudaStream_t stream, const FfnProblem &p, const MatrixArg *wg, const MatrixArg &wu,
+                    const MatrixArg &wd, void *gate, void *pair, void *down_t);
+
+/// Everything after the gate GEMM (which the caller ran into scratch.gate): packing, the sparse
+/// up/down kernel, the dense path of overflowing rows, statistics, neuron counts and `hidden`.
+void ffn_after_gate(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
+                    const MatrixArg &y, const FfnScratch &s, FfnDeviceStats *stats,
+                    unsigned long long *neuron_counts, const twSpMatDescr *hidden);
+
+}  // namespace twblas::cuda

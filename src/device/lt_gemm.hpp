@@ -1,0 +1,55 @@
+// Dense GEMMs through cuBLASLt, in the row-major terms of the rest of the library:
+//   Z[M x N] = alpha * A[M x K] * B[N x K]^T, with A and B in either order and any ld.
+// Plans (layouts + heuristic algorithm) are cached per shape in the object that owns the
+// GemmRunner, so a compute call does no host-side search after its first use of a shape.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "twblas/twblas.h"
+
+namespace twblas::cuda {
+
+struct GemmOperand {
+    const void *ptr;
+    int64_t rows, cols, ld;  // logical rows x cols
+    twOrder_t order;
+    twDataType_t type;
+};
+struct GemmOutput {
+    void *ptr;
+    int64_t ld;  // row-major, ld >= N
+    twDataType_t type;
+};
+
+class GemmRunner {
+  public:
+    /// cuBLASLt's workspace: part of each compute call's workspace.
+    static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+    GemmRunner();
+    ~GemmRunner();
+    GemmRunner(const GemmRunner &) = delete;
+    GemmRunner &operator=(const GemmRunner &) = delete;
+
+    /// Enqueues Z = alpha * A * B^T on `stream`. Accumulation is fp32 (true fp32 for fp32 data).
+    void run(cudaStream_t stream, float alpha, const GemmOperand &a, const GemmOperand &b, const GemmOutput &z,
+             void *workspace, size_t workspace_bytes);
+
+  private:
+    struct Plan;
+    using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, int>;
+    Plan &plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z, size_t workspace_bytes);
+    cublasLtHandle_t lt_ = nullptr;
+    std::mutex mutex_;
+    std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace twblas::cuda

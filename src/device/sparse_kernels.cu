@@ -1,0 +1,333 @@
+// Kernels on the sparse containers of docs/formats.md: the dense -> TwELL / hybrid writer and
+// SpMM. Value types are run-time arguments (one instantiation each) since these are building
+// blocks, not the FFN's hot loop.
+#include <cub/block/block_scan.cuh>
+
+#include "cuda_util.cuh"
+#include "kernels.hpp"
+
+namespace twblas::cuda {
+
+namespace {
+
+// ---- run-time typed element access
+
+__device__ inline uint32_t load_raw(const void *p, int64_t i, int bytes) {
+    return bytes == 4 ? static_cast<const uint32_t *>(p)[i] : static_cast<const uint16_t *>(p)[i];
+}
+__device__ inline float decode(uint32_t raw, twDataType_t t) {
+    if (t == TW_R_32F) return __uint_as_float(raw);
+    if (t == TW_R_16BF) return __uint_as_float(raw << 16);
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(raw)));
+}
+__device__ inline uint32_t encode(float v, twDataType_t t) {
+    if (t == TW_R_32F) return __float_as_uint(v);
+    if (t == TW_R_16BF) return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    return __half_as_ushort(__float2half_rn(v));
+}
+__device__ inline int type_bytes(twDataType_t t) { return t == TW_R_32F ? 4 : 2; }
+__device__ inline float load_f(const MatrixArg &m, int64_t r, int64_t c) {
+    return decode(load_raw(m.ptr, r * m.rs + c * m.cs, type_bytes(m.type)), m.type);
+}
+__device__ inline void store_f(const MatrixArg &m, int64_t r, int64_t c, float v) {
+    const int64_t i = r * m.rs + c * m.cs;
+    if (m.type == TW_R_32F)
+        static_cast<float *>(m.ptr)[i] = v;
+    else
+        static_cast<uint16_t *>(m.ptr)[i] = static_cast<uint16_t>(encode(v, m.type));
+}
+
+/// Bits of in(r, c) in the container's type: copied when the types match (exact, NaN payloads
+/// included), rounded to nearest even otherwise.
+__device__ inline uint32_t container_bits(const MatrixArg &in, int64_t r, int64_t c, twDataType_t out) {
+    const uint32_t raw = load_raw(in.ptr, r * in.rs + c * in.cs, type_bytes(in.type));
+    return in.type == out ? raw : encode(decode(raw, in.type), out);
+}
+__device__ inline bool keeps(uint32_t bits, twDataType_t t, twConvertOp_t op) {
+    return op == TW_CONVERT_RELU ? relu_active(decode(bits, t)) : bits != 0;
+}
+
+__device__ inline uint32_t lane_id() { return threadIdx.x & 31u; }
+
+/// Inclusive warp scan.
+__device__ inline int warp_scan(int v) {
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, v, o);
+        if (static_cast<int>(lane_id()) >= o) v += n;
+    }
+    return v;
+}
+
+struct SparseArgs {
+    uint8_t *base;
+    twDataType_t type;
+    int64_t rows, cols;
+    // TwELL
+    int32_t tile, slots, words_per_block;
+    int64_t ld, record;  // words
+    // hybrid
+    int32_t ell_width;
+    int64_t backup_rows;
+    size_t row_nnz, ell_cols, ell_vals, backup_count, backup_row_ids, backup_map, backup_vals, value_bytes;
+};
+
+SparseArgs sparse_args(const twSpMatDescr &s) {
+    SparseArgs a{};
+    a.base = static_cast<uint8_t *>(s.buffer);
+    a.type = s.type;
+    a.rows = s.rows;
+    a.cols = s.cols;
+    if (s.format == TW_FORMAT_TWELL) {
+        a.tile = s.twell.tile_width;
+        a.slots = static_cast<int32_t>(s.twell.slots);
+        a.words_per_block = static_cast<int32_t>(s.twell.words_per_block);
+        a.ld = s.twell.ld;
+        a.record = static_cast<int64_t>(s.twell.overflow_offset_words());
+    } else {
+        const HybridLayout &l = s.hybrid;
+        a.ell_width = l.ell_width;
+        a.backup_rows = l.backup_rows;
+        a.row_nnz = l.row_nnz;
+        a.ell_cols = l.ell_cols;
+        a.ell_vals = l.ell_vals;
+        a.backup_count = l.backup_count;
+        a.backup_row_ids = l.backup_row_ids;
+        a.backup_map = l.backup_map;
+        a.backup_vals = l.backup_vals;
+        a.value_bytes = l.value_bytes;
+    }
+    return a;
+}
+
+template <class T> __device__ inline T *at(const SparseArgs &a, size_t offset) {
+    return reinterpret_cast<T *>(a.base + offset);
+}
+
+// ---- writer: TwELL, one warp per row, 256 columns (8 per lane) per step
+
+__global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, SparseArgs out, int32_t *flags) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= out.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    const int lanes_per_tile = out.tile / 8;
+    const int first = lane & ~(lanes_per_tile - 1);
+    uint32_t *words = reinterpret_cast<uint32_t *>(out.base) + row * out.ld;
+    bool overflow = false;
+    for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
+        uint32_t bits[8];
+        int n = 0;
+        for (int j = 0; j < 8; ++j) {
+            const int64_t c = c0 + lane * 8 + j;
+            bits[j] = c < out.cols ? container_bits(in, row, c, out.type) : 0u;
+            if (c < out.cols && keeps(bits[j], out.type, op)) ++n;
+            else bits[j] = 0xffffffffu;  // marks "not kept"
+        }
+        const int incl = warp_scan(n), excl = incl - n;
+        const int tile_base = __shfl_sync(0xffffffffu, excl, first);
+        const int tile_count = __shfl_sync(0xffffffffu, incl, first + lanes_per_tile - 1) - tile_base;
+        const int64_t tile = (c0 + first * 8) / out.tile;
+        uint32_t *block = words + tile * out.words_per_block;
+        int rank = excl - tile_base;
+        for (int j = 0; j < 8; ++j) {
+            if (bits[j] == 0xffffffffu) continue;
+            if (rank < out.slots)
+                block[1 + rank] = static_cast<uint32_t>((c0 + lane * 8 + j) & 0xffff) | (bits[j] << 16);
+            ++rank;
+        }
+        const bool over = tile_count > out.slots;
+        if (lane == first && tile * out.tile < out.cols)
+            block[0] = static_cast<uint32_t>(min(tile_count, out.slots)) | (over ? kTwellOverflowBit : 0u);
+        overflow |= __any_sync(0xffffffffu, over);
+    }
+    if (lane == 0) flags[row] = overflow ? 1 : 0;
+}
+
+// ---- writer: hybrid ELL part, one warp per row (rows over E are flagged for a backup slot)
+
+__global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, SparseArgs out, int32_t *flags) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= out.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    uint16_t *ecols = at<uint16_t>(out, out.ell_cols) + row * out.ell_width;
+    uint8_t *evals = out.base + out.ell_vals + static_cast<size_t>(row * out.ell_width) * out.value_bytes;
+    int total = 0;
+    for (int64_t c0 = 0; c0 < out.cols; c0 += 32) {
+        const int64_t c = c0 + lane;
+        const uint32_t bits = c < out.cols ? container_bits(in, row, c, out.type) : 0u;
+        const bool kept = c < out.cols && keeps(bits, out.type, op);
+        const uint32_t ballot = __ballot_sync(0xffffffffu, kept);
+        const int pos = total + __popc(ballot & ((1u << lane) - 1u));
+        if (kept && pos < out.ell_width) {
+            ecols[pos] = static_cast<uint16_t>(c);
+            if (out.value_bytes == 4)
+                reinterpret_cast<uint32_t *>(evals)[pos] = bits;
+            else
+                reinterpret_cast<uint16_t *>(evals)[pos] = static_cast<uint16_t>(bits);
+        }
+        total += __popc(ballot);
+    }
+    if (lane == 0) {
+        at<int32_t>(out, out.row_nnz)[row] = total;
+        at<int32_t>(out, out.backup_map)[row] = -1;
+        flags[row] = total > out.ell_width ? 1 : 0;
+    }
+}
+
+/// One block: flagged rows get consecutive record entries / backup slots in ascending row order.
+constexpr int kScanThreads = 1024;
+__global__ void __launch_bounds__(kScanThreads) assign_flagged_rows(int32_t *flags, int64_t rows, SparseArgs out,
+                                                                    bool twell) {
+    using Scan = cub::BlockScan<int, kScanThreads>;
+    __shared__ typename Scan::TempStorage temp;
+    const int64_t per = (rows + kScanThreads - 1) / kScanThreads;
+    const int64_t lo = min(rows, threadIdx.x * per), hi = min(rows, lo + per);
+    int mine = 0;
+    for (int64_t r = lo; r < hi; ++r) mine += flags[r];
+    int offset = 0, total = 0;
+    Scan(temp).ExclusiveSum(mine, offset, total);
+    uint32_t *record = reinterpret_cast<uint32_t *>(out.base) + out.record;
+    for (int64_t r = lo; r < hi; ++r) {
+        if (!flags[r]) continue;
+        if (twell) {
+            record[1 + offset] = static_cast<uint32_t>(r);
+        } else if (offset < out.backup_rows) {
+            at<int32_t>(out, out.backup_map)[r] = offset;
+            at<int32_t>(out, out.backup_row_ids)[offset] = static_cast<int32_t>(r);
+            flags[r] = 2 + offset;  // the backup kernel's slot, shifted past the 0/1 flags
+        }
+        ++offset;
+    }
+    if (threadIdx.x == 0) {
+        if (twell)
+            record[0] = static_cast<uint32_t>(total);
+        else
+            at<int32_t>(out, out.backup_count)[0] = total;
+    }
+}
+
+/// Dense backup rows of a hybrid: one block per row that got a slot.
+__global__ void write_hybrid_backup(MatrixArg in, twConvertOp_t op, SparseArgs out, const int32_t *flags) {
+    const int64_t row = blockIdx.x;
+    const int slot = flags[row] - 2;
+    if (slot < 0) return;
+    uint8_t *dense = out.base + out.backup_vals + static_cast<size_t>(slot * out.cols) * out.value_bytes;
+    for (int64_t c = threadIdx.x; c < out.cols; c += blockDim.x) {
+        uint32_t bits = container_bits(in, row, c, out.type);
+        if (!keeps(bits, out.type, op)) bits = 0;
+        if (out.value_bytes == 4)
+            reinterpret_cast<uint32_t *>(dense)[c] = bits;
+        else
+            reinterpret_cast<uint16_t *>(dense)[c] = static_cast<uint16_t>(bits);
+    }
+}
+
+// ---- SpMM: one block per row of S, each thread owning columns tid, tid + 128, ...
+
+constexpr int kSpmmThreads = 128;
+constexpr int kSpmmCols = 8;  // columns per thread per pass
+
+__device__ inline void spmm_finish(float alpha, float beta, const MatrixArg &y, int64_t row, int64_t n0,
+                                   const float *acc, bool poison) {
+    for (int i = 0; i < kSpmmCols; ++i) {
+        const int64_t n = n0 + static_cast<int64_t>(i) * kSpmmThreads;
+        if (n >= y.cols) break;
+        float v = poison ? __uint_as_float(0x7fc00000u) : alpha * acc[i];
+        if (!poison && beta != 0.0f) v += beta * load_f(y, row, n);
+        store_f(y, row, n, v);
+    }
+}
+
+__global__ void __launch_bounds__(kSpmmThreads) spmm_rows(float alpha, SparseArgs s, bool twell, MatrixArg w,
+                                                          float beta, MatrixArg y) {
+    const int64_t row = blockIdx.x;
+    const twDataType_t st = s.type;
+    for (int64_t n0 = threadIdx.x; n0 < y.cols; n0 += static_cast<int64_t>(kSpmmThreads) * kSpmmCols) {
+        float acc[kSpmmCols] = {};
+        bool incomplete = false;
+        auto add = [&](int64_t k, float v) {
+            for (int i = 0; i < kSpmmCols; ++i) {
+                const int64_t n = n0 + static_cast<int64_t>(i) * kSpmmThreads;
+                if (n < y.cols) acc[i] += v * load_f(w, k, n);
+            }
+        };
+        if (twell) {
+            const uint32_t *words = reinterpret_cast<const uint32_t *>(s.base) + row * s.ld;
+            const int64_t tiles = (s.cols + s.tile - 1) / s.tile;
+            for (int64_t t = 0; t < tiles; ++t) {
+                const uint32_t *block = words + t * s.words_per_block;
+                const uint32_t head = block[0];
+                incomplete |= (head & kTwellOverflowBit) != 0;
+                const int count = min(static_cast<int>(head & kTwellCountMask), s.slots);
+                for (int i = 0; i < count; ++i) {
+                    const uint32_t e = block[1 + i];
+                    add(e & 0xffffu, decode(e >> 16, st));
+                }
+            }
+        } else {
+            const int nnz = at<const int32_t>(s, s.row_nnz)[row];
+            if (nnz <= s.ell_width) {
+                const uint16_t *ecols = at<const uint16_t>(s, s.ell_cols) + row * s.ell_width;
+                const uint8_t *evals = s.base + s.ell_vals + static_cast<size_t>(row * s.ell_width) * s.value_bytes;
+                for (int i = 0; i < nnz; ++i)
+                    add(ecols[i], decode(load_raw(evals, i, static_cast<int>(s.value_bytes)), st));
+            } else {
+                const int slot = at<const int32_t>(s, s.backup_map)[row];
+                if (slot < 0) {
+                    incomplete = true;
+                } else {
+                    const uint8_t *dense = s.base + s.backup_vals + static_cast<size_t>(slot * s.cols) * s.value_bytes;
+                    for (int64_t k = 0; k < s.cols; ++k) {
+                        const uint32_t raw = load_raw(dense, k, static_cast<int>(s.value_bytes));
+                        if (raw != 0) add(k, decode(raw, st));
+                    }
+                }
+            }
+        }
+        spmm_finish(alpha, beta, y, row, n0, acc, incomplete);
+    }
+}
+
+}  // namespace
+
+MatrixArg matrix_arg(const twDnMatDescr &d) {
+    const bool row = d.order == TW_ORDER_ROW;
+    return {d.values, d.rows, d.cols, row ? d.ld : 1, row ? 1 : d.ld, d.type};
+}
+
+size_t sparse_writer_workspace(const twSpMatDescr &out) { return static_cast<size_t>(out.rows) * 4 + 256; }
+
+void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
+                  void *workspace) {
+    if (out.rows == 0) {
+        // an empty container still has a record / backup count, which must read 0
+        const size_t at_bytes = out.format == TW_FORMAT_TWELL ? out.twell.overflow_offset_words() * 4 : out.hybrid.backup_count;
+        check(cudaMemsetAsync(static_cast<uint8_t *>(out.buffer) + at_bytes, 0, 4, stream), "cudaMemsetAsync");
+        return;
+    }
+    const SparseArgs args = sparse_args(out);
+    auto *flags = static_cast<int32_t *>(workspace);
+    const int warps_per_block = 4;
+    const int blocks = ceil_div(out.rows, warps_per_block);
+    const bool twell = out.format == TW_FORMAT_TWELL;
+    if (twell)
+        write_twell_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
+    else
+        write_hybrid_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
+    check_launch("write_sparse rows");
+    assign_flagged_rows<<<1, kScanThreads, 0, stream>>>(flags, out.rows, args, twell);
+    check_launch("assign_flagged_rows");
+    if (!twell) {
+        write_hybrid_backup<<<static_cast<unsigned>(out.rows), 256, 0, stream>>>(in, op, args, flags);
+        check_launch("write_hybrid_backup");
+    }
+}
+
+void spmm(cudaStream_t stream, float alpha, const twSpMatDescr &s, const MatrixArg &w, float beta,
+          const MatrixArg &y) {
+    if (y.rows == 0 || y.cols == 0) return;
+    spmm_rows<<<static_cast<unsigned>(y.rows), kSpmmThreads, 0, stream>>>(alpha, sparse_args(s),
+                                                                         s.format == TW_FORMAT_TWELL, w, beta, y);
+    check_launch("spmm_rows");
+}
+
+}  // namespace twblas::cuda
