@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Makes sure the Debian packages twblas builds with are installed: installs the missing ones when
 # run as root, otherwise prints the exact apt-get line and fails. Sourced by demo.sh and test.sh.
-#   deps.sh [--tests]   (--tests adds what the test suite needs: Catch2, gfortran, pkg-config)
+#   deps.sh [--tests]   (--tests adds what the test suite and bench need: Catch2, gfortran,
+#                        pkg-config, Google Benchmark)
 set -euo pipefail
 
 packages=(cmake make g++ libeigen3-dev)
 if [[ "${1:-}" == "--tests" ]]; then
-  packages+=(catch2 gfortran pkg-config)
+  packages+=(catch2 gfortran pkg-config libbenchmark-dev)
 fi
 
 missing=()

@@ -332,8 +332,10 @@ TWBLAS_API twStatus_t twGemmToSparse(twHandle_t h, float alpha, twDnMatDescr_t A
 TWBLAS_API twStatus_t twSpMM_bufferSize(twHandle_t h, twSpMatDescr_t S, twDnMatDescr_t W,
                                         twDnMatDescr_t Y, size_t *bytes);
 /** Y = alpha * S W + beta * Y (S: M x K sparse of any value type, W: K x N, Y: M x N of one
- *  type); beta == 0 does not read Y. CAPACITY_EXCEEDED (Y untouched) when S records rows it
- *  could not hold. */
+ *  type); beta == 0 does not read Y. When S records rows it could not hold: the CPU backend
+ *  returns CAPACITY_EXCEEDED with Y untouched; the CUDA backend, which cannot read S's record
+ *  without synchronising, writes those rows of Y as NaN (never a partial sum) and
+ *  twSpMatGetInfo(S).overflowRows counts them. */
 TWBLAS_API twStatus_t twSpMM(twHandle_t h, float alpha, twSpMatDescr_t S, twDnMatDescr_t W,
                              float beta, twDnMatDescr_t Y, void *workspace);
 /**@}*/
