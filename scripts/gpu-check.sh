@@ -15,6 +15,7 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/$build/src:$PWD/$build/runtime:${LD_LIBRARY_PATH:-}"
 status=0
 : >"$out/summary.txt"
+: >"$out/tests.log"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv | tee "$out/gpu.txt"
 
@@ -27,10 +28,11 @@ if [[ $stages == *tests* ]]; then
   for t in "$build"/tests/test_* "$build"/examples/ffn_example_c "$build"/examples/ffn_example_cpp; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
-    "$t" >"$out/$name.log" 2>&1
+    "$t" >"$out/log.txt" 2>&1
     rc=$?
     record "$name" $rc
-    [ $rc -eq 0 ] || tail -n 40 "$out/$name.log"
+    { echo "==== $name"; cat "$out/log.txt"; } >>"$out/tests.log"
+    [ $rc -eq 0 ] || tail -n 40 "$out/log.txt"
   done
 fi
 
@@ -54,4 +56,5 @@ if [[ $stages == *demo* ]]; then
   "$build/tools/twblas-demo" --json "$out/demo.json" 2>&1 | tee "$out/demo.txt"
   record "twblas-demo" "${PIPESTATUS[0]}"
 fi
+rm -f "$out/log.txt"
 exit $status
