@@ -174,7 +174,7 @@ FfnData make_data(const FfnCase &c) {
 
 /// Runs one forward on `backend` and reads everything back.
 FfnResult run_ffn(const FfnCase &c, const FfnData &data, twBackend_t backend, int repeats = 1,
-                  bool capture = false) {
+                  bool capture = false, bool stats_between = false) {
     const bool dev = backend == TW_BACKEND_CUDA;
     Handle h(backend);
     Dense x(c.m, c.d, c.type, c.x_order, c.x_pad), y(c.m, c.d, c.type);
@@ -250,7 +250,11 @@ FfnResult run_ffn(const FfnCase &c, const FfnData &data, twBackend_t backend, in
         TW_REQUIRE_OK(h, twSetStream(h, nullptr));
         cudaStreamDestroy(stream);
     } else {
-        for (int i = 0; i < repeats; ++i) TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y, hidden, ws));
+        for (int i = 0; i < repeats; ++i) {
+            TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y, hidden, ws));
+            twFfnStats_t between{};
+            if (stats_between) TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &between));  // blocks: feedback arrives
+        }
     }
     FfnResult r;
     TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &r.stats));
@@ -353,6 +357,47 @@ TEST_CASE("CUDA FFN: profiles, types and modes against the reference", "[cuda][f
                     c.seed = 11;
                     check_against_reference(c);
                 }
+}
+
+TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the reference", "[cuda][ffn]") {
+    REQUIRE_GPU();
+    // 150 active units of 600 is far above the gather break-even (H / 128): the second forward
+    // runs the up and down projections as cuBLAS GEMMs over every row
+    for (bool gated : {true, false})
+        for (int hidden : {0, 1, 2}) {
+            FfnCase c;
+            c.m = 333;
+            c.d = 128;
+            c.h = 600;
+            c.k = 150;
+            c.gated = gated;
+            c.hidden = hidden;
+            c.type = hidden == 0 ? TW_R_16F : TW_R_16BF;
+            const FfnData data = make_data(c);
+            const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
+            const FfnResult gpu = run_ffn(c, data, TW_BACKEND_CUDA, 2, false, /*stats_between=*/true);
+            const ErrorReport e = compare(gpu.y, cpu.y, c.d);
+            INFO((gated ? "gated" : "plain") << " hidden " << hidden << ": " << e.worst);
+            REQUIRE(e.rel <= type_bound(c));
+            CHECK(gpu.stats.overflowRows == cpu.stats.overflowRows);
+            CHECK(gpu.stats.meanRowNnz == Approx(cpu.stats.meanRowNnz).epsilon(0.01));
+            CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(0.01));
+            if (hidden) CHECK(gpu.hidden_info.nnz == Approx(cpu.hidden_info.nnz).epsilon(0.01));
+        }
+    // and the same with small-integer data: bit-identical in dense mode too
+    FfnCase c;
+    c.integers = true;
+    c.m = 100;
+    c.d = 40;
+    c.h = 300;
+    c.hidden = 1;
+    const FfnData data = make_data(c);
+    const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
+    const FfnResult gpu = run_ffn(c, data, TW_BACKEND_CUDA, 2, false, true);
+    REQUIRE(cpu.stats.meanRowNnz > 300.0 / 128);
+    REQUIRE(gpu.y_bits == cpu.y_bits);
+    CHECK(gpu.hidden_bits == cpu.hidden_bits);
+    CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(1e-6));
 }
 
 TEST_CASE("CUDA FFN: odd shapes and layouts", "[cuda][ffn]") {

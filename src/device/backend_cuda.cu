@@ -81,9 +81,33 @@ struct StagedSparse {
 
 // ---- FFN state
 
+/// Pinned host memory for the statistics that steer the path choice.
+struct PinnedStats {
+    cuda::FfnDeviceStats *p = nullptr;
+    PinnedStats() {
+        if (cudaMallocHost(&p, sizeof *p) != cudaSuccess) {
+            (void)cudaGetLastError();
+            fail(TW_STATUS_ALLOC_FAILED, "cudaMallocHost of the FFN statistics failed");
+        }
+        *p = {};
+    }
+    ~PinnedStats() { cudaFreeHost(p); }
+    PinnedStats(const PinnedStats &) = delete;
+    PinnedStats &operator=(const PinnedStats &) = delete;
+};
+
 struct CudaFfnState final : FfnState {
-    cuda::FfnProblem shape{};  // m unset
     cuda::DeviceBuffer gate, pair, down_t, stats, counts;
+    // Path choice from the measured sparsity: each forward copies its statistics to pinned
+    // memory behind an event; a later forward reads them only once the event has completed
+    // (cudaEventQuery never blocks). Dense mode runs the up and down projections as cuBLAS
+    // GEMMs over every row when the active units are too many for gathers to pay off.
+    PinnedStats feedback;
+    cudaEvent_t feedback_ready = nullptr;
+    bool feedback_pending = false;
+    bool dense_mode = false;
+    CudaFfnState() { check(cudaEventCreateWithFlags(&feedback_ready, cudaEventDisableTiming), "cudaEventCreate"); }
+    ~CudaFfnState() override { cudaEventDestroy(feedback_ready); }
 };
 
 CudaFfnState &state_of(const twFfnDescr &ffn) { return static_cast<CudaFfnState &>(*ffn.state); }
@@ -208,12 +232,25 @@ class CudaBackend final : public Backend {
         const cuda::FfnProblem p = problem_of(ffn, x.rows);
         const cuda::FfnScratch s = cuda::carve_ffn_scratch(workspace, p, nullptr);
         const twDataType_t gate_type = p.highest ? TW_R_32F : p.type;
+        const bool dense = choose_dense_mode(st, p, y, s);
         // the gate GEMM (cuBLASLt, tensor cores): z = X Wg^T, rounded to the gate type
         gemm_.run(stream(), 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
                   {s.gate, s.ldg, gate_type}, s.lt_workspace, s.lt_bytes);
         const cuda::FfnWeights w{st.gate.get(), st.pair.get(), p.gated ? 2 * p.dp : p.dp, st.down_t.get()};
-        cuda::ffn_after_gate(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s,
-                             st.stats.get<cuda::FfnDeviceStats>(), st.counts.get<unsigned long long>(), hidden);
+        cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), hidden != nullptr && !dense);
+        if (dense) {
+            if (p.gated)
+                gemm_.run(stream(), 1.0f, operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
+                          {s.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
+            cuda::ffn_dense_hidden(stream(), p, s);
+            gemm_.run(stream(), 1.0f, {s.gate, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
+                      {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type},
+                      s.lt_workspace, s.lt_bytes);
+        } else {
+            cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, hidden != nullptr);
+        }
+        cuda::ffn_finish(stream(), p, s, dense, st.stats.get<cuda::FfnDeviceStats>(), hidden);
+        post_feedback(st);
     }
     twFfnStats_t ffn_stats(const twFfnDescr &ffn) override {
         cuda::FfnDeviceStats d{};
@@ -252,6 +289,43 @@ class CudaBackend final : public Backend {
 
   private:
     cudaStream_t stream() const { return static_cast<cudaStream_t>(*stream_slot_); }
+
+    bool capturing() const {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        check(cudaStreamIsCapturing(stream(), &status), "cudaStreamIsCapturing");
+        return status != cudaStreamCaptureStatusNone;
+    }
+
+    /// Dense mode when the last forward whose statistics have arrived had more active units per
+    /// token than gathers beat tensor-core GEMMs at (about H / 128: 8 KB of gathered weights
+    /// per unit at ~5 TB/s against 4 D H flops per token at ~700 TFLOP/s), or a quarter of its
+    /// rows on the dense path. Deterministic mode never switches (bits would depend on history);
+    /// fp32 intermediates have no cuBLAS form here, so they stay sparse too.
+    bool choose_dense_mode(CudaFfnState &st, const cuda::FfnProblem &p, const twDnMatDescr &y,
+                           const cuda::FfnScratch &s) {
+        if (st.feedback_pending && !capturing()) {
+            const cudaError_t q = cudaEventQuery(st.feedback_ready);
+            if (q == cudaSuccess) {
+                const cuda::FfnDeviceStats f = *st.feedback.p;
+                st.feedback_pending = false;
+                const double mean = f.tokens ? static_cast<double>(f.total_nnz) / static_cast<double>(f.tokens) : 0.0;
+                st.dense_mode = f.tokens > 0 && (mean > static_cast<double>(p.h) / 128.0 || 4 * f.overflow_rows > f.tokens);
+            } else if (q != cudaErrorNotReady) {
+                check(q, "cudaEventQuery");
+            }
+        }
+        return st.dense_mode && !p.deterministic && s.up != nullptr && y.order == TW_ORDER_ROW &&
+               y.ld % 8 == 0 && p.m > 0;
+    }
+
+    void post_feedback(CudaFfnState &st) {
+        if (st.feedback_pending || capturing()) return;
+        check(cudaMemcpyAsync(st.feedback.p, st.stats.get(), sizeof(cuda::FfnDeviceStats), cudaMemcpyDeviceToHost,
+                              stream()),
+              "cudaMemcpyAsync");
+        check(cudaEventRecord(st.feedback_ready, stream()), "cudaEventRecord");
+        st.feedback_pending = true;
+    }
 
     [[noreturn]] static void no_training(const char *routine) {
         fail(TW_STATUS_NOT_SUPPORTED, "%s: the CUDA backend has no training kernels yet; use a TW_BACKEND_CPU handle",

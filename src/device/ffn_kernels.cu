@@ -156,6 +156,8 @@ template <class T> struct SparseArgs {
     int cap;
     const int32_t *count;
     float *row_l1;
+    int splits;      // > 1: the units of a token are dealt round-robin to `splits` teams, which
+    float *partial;  // write fp32 partial rows [split][m][dp] and l1 [split][m] for reduce_splits
 };
 
 template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(SparseArgs<T> a) {
@@ -200,6 +202,7 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
             my_g = gate_value<T>(a.gate, row * a.ldg + my_col, a.gate_f32);
         }
         for (int i = 0; i < here; ++i) {
+            if (a.splits > 1 && (base + i) % a.splits != static_cast<int>(blockIdx.y)) continue;
             const int j = __shfl_sync(kFull, my_col, i);
             const float g = __shfl_sync(kFull, my_g, i);
             const T *wrow = a.pair + j * a.pair_stride;
@@ -246,6 +249,19 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
         }
     }
 
+    if (a.splits > 1) {
+        float *part = a.partial + (static_cast<int64_t>(blockIdx.y) * a.m + row) * a.dp;
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+            const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
+            if (k0 >= a.dp) continue;
+#pragma unroll
+            for (int e = 0; e < E; e += 4)
+                *reinterpret_cast<float4 *>(part + k0 + e) = make_float4(acc[c][e], acc[c][e + 1], acc[c][e + 2], acc[c][e + 3]);
+        }
+        if (t == 0) a.partial[static_cast<int64_t>(a.splits) * a.m * a.dp + static_cast<int64_t>(blockIdx.y) * a.m + row] = l1;
+        return;
+    }
 #pragma unroll
     for (int c = 0; c < V; ++c) {
         const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
@@ -407,29 +423,79 @@ template <class T, class TA, Epilogue EPI> __global__ void __launch_bounds__(256
     }
 }
 
-/// l1 of the rows on the dense path: one warp per row, over h held in the gate buffer.
-template <class T> __global__ void dense_rows_l1(const void *gate, int64_t ldg, int64_t h, bool f32, bool relu,
-                                                 const int32_t *rows, const uint32_t *count, float *row_l1) {
-    const int lane = threadIdx.x & 31;
-    const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < *count; i += warps) {
-        const int64_t r = rows[i];
-        float s = 0.0f;
-        for (int64_t c = lane; c < h; c += 32) {
-            const float v = gate_value<T>(gate, r * ldg + c, f32);
-            if (!relu || relu_active(v)) s += fabsf(v);
+/// Sums the split partials of each sparse row in split order (deterministic) into Y and row_l1.
+template <class T> __global__ void reduce_splits(const float *partial, int splits, int64_t m, int64_t d, int64_t dp,
+                                                 const int32_t *count, T *y, int64_t y_rs, int64_t y_cs, float *row_l1) {
+    const int64_t total = m * d;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t row = i / d, k = i % d;
+        if (count[row] < 0) continue;  // the dense path writes this row
+        float v = 0.0f;
+        for (int sp = 0; sp < splits; ++sp) v += partial[(sp * m + row) * dp + k];
+        y[row * y_rs + k * y_cs] = Value<T>::from_float(v);
+        if (k == 0) {
+            const float *l1 = partial + static_cast<int64_t>(splits) * m * dp;
+            float s = 0.0f;
+            for (int sp = 0; sp < splits; ++sp) s += l1[sp * m + row];
+            row_l1[row] = s;
         }
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
-        if (lane == 0) row_l1[r] = s;
     }
 }
 
-/// Statistics in a fixed order: one block, each thread a contiguous range of rows.
-constexpr int kStatsThreads = 512;
-__global__ void __launch_bounds__(kStatsThreads) finalize_stats(int64_t m, const int32_t *row_nnz,
-                                                                const int32_t *count, const float *row_l1,
-                                                                FfnDeviceStats *out) {
-    const int64_t per = (m + kStatsThreads - 1) / kStatsThreads;
+/// Dense mode: h = relu(g) * u (gated) or relu(g) (plain) written over the gate buffer for
+/// every row, with its l1; one warp per row.
+template <class T> __global__ void dense_mode_hidden(void *gate, int64_t ldg, const T *u, int64_t m, int64_t h,
+                                                     bool gated, float *row_l1) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < m; r += warps) {
+        T *g = static_cast<T *>(gate) + r * ldg;
+        float l1 = 0.0f;
+        for (int64_t c = lane; c < h; c += 32) {
+            const float gv = load_elem(g, c);
+            float hv = 0.0f;
+            if (relu_active(gv)) hv = gated ? round_to<T>(gv * load_elem(u, r * ldg + c)) : gv;
+            store_elem(g, c, hv);
+            l1 += fabsf(hv);
+        }
+        for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFull, l1, o);
+        if (lane == 0) row_l1[r] = l1;
+    }
+}
+
+/// The l1 of the rows on the dense path (one warp per row), then, in the last block to finish,
+/// the statistics reduced in a fixed order.
+constexpr int kFinalThreads = 512;
+template <class T>
+__global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int64_t ldg, int64_t h, bool f32,
+                                                          bool relu, const int32_t *rows, const uint32_t *count_dense,
+                                                          bool dense_l1, int64_t m, const int32_t *row_nnz,
+                                                          const int32_t *count, float *row_l1, uint32_t *ticket,
+                                                          FfnDeviceStats *out) {
+    const int lane = threadIdx.x & 31;
+    if (dense_l1) {
+        const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+        for (int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < *count_dense;
+             i += warps) {
+            const int64_t r = rows[i];
+            float s = 0.0f;
+            for (int64_t c = lane; c < h; c += 32) {
+                const float v = gate_value<T>(gate, r * ldg + c, f32);
+                if (!relu || relu_active(v)) s += fabsf(v);
+            }
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
+            if (lane == 0) row_l1[r] = s;
+        }
+    }
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int64_t per = (m + kFinalThreads - 1) / kFinalThreads;
     const int64_t lo = min(m, threadIdx.x * per), hi = min(m, lo + per);
     long long nnz = 0, mx = 0, over = 0;
     double l1 = 0.0;
@@ -437,10 +503,10 @@ __global__ void __launch_bounds__(kStatsThreads) finalize_stats(int64_t m, const
         nnz += row_nnz[r];
         mx = max(mx, static_cast<long long>(row_nnz[r]));
         over += count[r] < 0;
-        l1 += row_l1[r];
+        l1 += static_cast<volatile const float *>(row_l1)[r];
     }
-    using ReduceL = cub::BlockReduce<long long, kStatsThreads>;
-    using ReduceD = cub::BlockReduce<double, kStatsThreads>;
+    using ReduceL = cub::BlockReduce<long long, kFinalThreads>;
+    using ReduceD = cub::BlockReduce<double, kFinalThreads>;
     __shared__ union {
         typename ReduceL::TempStorage l;
         typename ReduceD::TempStorage d;
@@ -504,7 +570,7 @@ template <class T> void launch_sparse(cudaStream_t stream, const SparseArgs<T> &
     const int v_needed = ceil_div(a.dp, static_cast<int64_t>(warps) * 32 * E);
     const int tokens = warps == 1 ? 4 : 1;
     const dim3 block(32 * warps, tokens);
-    const unsigned grid = static_cast<unsigned>(ceil_div(a.m, tokens));
+    const dim3 grid(static_cast<unsigned>(ceil_div(a.m, tokens)), static_cast<unsigned>(a.splits));
     if (v_needed <= 1)
         sparse_ffn<T, 1><<<grid, block, 0, stream>>>(a);
     else if (v_needed <= 2)
@@ -537,18 +603,22 @@ void launch_gathered(cudaStream_t stream, const GatherArgs<T, TA> &g, int64_t ma
     check_launch("gathered_gemm_f32");
 }
 
-template <class T>
-void after_gate(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
-                const FfnScratch &s, FfnDeviceStats *stats, unsigned long long *neuron_counts,
-                const twSpMatDescr *hidden) {
-    const bool gate_f32 = p.type == TW_R_32F || p.highest;
-    check(cudaMemsetAsync(s.dense_count, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
+bool gate_is_f32(const FfnProblem &p) { return p.type == TW_R_32F || p.highest; }
 
-    PackArgs<T> pk{s.gate, s.ldg, p.m, p.h, gate_f32, hidden != nullptr, p.tile, p.slots, s.cap,
+template <class T>
+void pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
+          bool zero_inactive) {
+    check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
+    PackArgs<T> pk{s.gate, s.ldg, p.m, p.h, gate_is_f32(p), zero_inactive, p.tile, p.slots, s.cap,
                    s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts};
     pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
     check_launch("pack_rows");
+}
 
+template <class T>
+void sparse_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
+                 const FfnScratch &s, bool write_h) {
+    const bool gate_f32 = gate_is_f32(p);
     const size_t eb = elem_bytes(p.type);
     auto aligned = [&](const MatrixArg &mat) {
         return mat.cs == 1 && (mat.rs * static_cast<int64_t>(eb)) % 16 == 0 &&
@@ -556,8 +626,13 @@ void after_gate(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, c
     };
     SparseArgs<T> sp{static_cast<const T *>(x.ptr), x.rs, x.cs, aligned(x), static_cast<T *>(y.ptr), y.rs, y.cs,
                      aligned(y), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, s.gate, s.ldg,
-                     gate_f32, p.gated, p.highest, hidden != nullptr, s.idx, s.cap, s.count, s.row_l1};
+                     gate_f32, p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1, s.splits, s.partial};
     launch_sparse<T>(stream, sp);
+    if (s.splits > 1) {
+        reduce_splits<T><<<std::max(1, std::min(1024, ceil_div(p.m * p.d, 256))), 256, 0, stream>>>(
+            s.partial, s.splits, p.m, p.d, p.dp, s.count, static_cast<T *>(y.ptr), y.rs, y.cs, s.row_l1);
+        check_launch("reduce_splits");
+    }
 
     // dense path: the row count lives on the device; grids are sized for all M rows and idle
     // blocks leave at once
@@ -579,39 +654,64 @@ void after_gate(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, c
                               static_cast<T *>(y.ptr), y.rs, y.cs};
         launch_gathered<T, T, Epilogue::Down>(stream, down, p.m, tc);
     }
-    dense_rows_l1<T><<<256, 256, 0, stream>>>(s.gate, s.ldg, p.h, gate_f32, !p.gated, s.dense_rows, s.dense_count,
-                                              s.row_l1);
-    check_launch("dense_rows_l1");
-    finalize_stats<<<1, kStatsThreads, 0, stream>>>(p.m, s.row_nnz, s.count, s.row_l1, stats);
-    check_launch("finalize_stats");
+}
 
+template <class T>
+void finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, FfnDeviceStats *stats,
+            const twSpMatDescr *hidden) {
+    const bool gate_f32 = gate_is_f32(p);
+    const unsigned blocks = static_cast<unsigned>(std::max(1, std::min(264, ceil_div(p.m, kFinalThreads / 32))));
+    finalize<T><<<blocks, kFinalThreads, 0, stream>>>(s.gate, s.ldg, p.h, gate_f32, !p.gated, s.dense_rows,
+                                                      s.dense_count, !dense_mode, p.m, s.row_nnz, s.count, s.row_l1,
+                                                      s.header + 1, stats);
+    check_launch("finalize");
     if (hidden) {
-        // the gate buffer now holds h (inactive units zeroed by pack); PLAIN keeps every stored
+        // the gate buffer now holds h (inactive units zeroed); PLAIN keeps every stored
         // pattern but +0, as the reference does
         const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, gate_f32 ? TW_R_32F : p.type};
         write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags);
     }
 }
 
+template <class F> void by_type(twDataType_t t, F &&f) {
+    switch (t) {
+        case TW_R_16BF: f(__nv_bfloat16{}); break;
+        case TW_R_16F: f(__half{}); break;
+        default: f(float{}); break;
+    }
+}
+
 }  // namespace
+
+int ffn_splits(int64_t m) {
+    // small M: deal each token's units to several teams so that the GPU has enough loads in
+    // flight; the split count depends on M alone, so results stay reproducible
+    if (m <= 0) return 1;
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(32, 512 / m)));
+}
 
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes) {
     WorkspaceCarver c(workspace);
     FfnScratch s{};
     s.lt_bytes = size_t{32} << 20;
     s.lt_workspace = c.take<char>(s.lt_bytes);
-    const bool gate_f32 = p.type == TW_R_32F || p.highest;
+    const bool gate_f32 = gate_is_f32(p);
     s.ldg = p.hp;
     s.gate = c.take<char>(static_cast<size_t>(p.m * p.hp) * (gate_f32 ? 4 : 2));
+    // dense mode's U (the up projection of every row): 16-bit types in DEFAULT mode only
+    s.up = gate_f32 ? nullptr : c.take<char>(static_cast<size_t>(p.m * p.hp) * 2);
     const int64_t tiles = (p.h + p.tile - 1) / p.tile;
     s.cap = static_cast<int32_t>(std::min<int64_t>(tiles * p.slots, p.h));
     s.idx = c.take<uint16_t>(static_cast<size_t>(p.m * s.cap));
     s.count = c.take<int32_t>(static_cast<size_t>(p.m));
     s.row_nnz = c.take<int32_t>(static_cast<size_t>(p.m));
     s.row_l1 = c.take<float>(static_cast<size_t>(p.m));
-    s.dense_count = c.take<uint32_t>(1);
+    s.header = c.take<uint32_t>(2);
+    s.dense_count = s.header;
     s.dense_rows = c.take<int32_t>(static_cast<size_t>(p.m));
     s.writer_flags = c.take<int32_t>(static_cast<size_t>(p.m) + 64);
+    s.splits = ffn_splits(p.m);
+    s.partial = s.splits > 1 ? c.take<float>(static_cast<size_t>(s.splits * p.m * (p.dp + 1))) : nullptr;
     if (bytes) *bytes = c.used();
     return s;
 }
@@ -630,14 +730,31 @@ void repack_weights(cudaStream_t stream, const FfnProblem &p, const MatrixArg *w
     launch_repack(stream, wd, true, down_t, p.hp, p.d, p.hp);
 }
 
-void ffn_after_gate(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
-                    const MatrixArg &y, const FfnScratch &s, FfnDeviceStats *stats,
-                    unsigned long long *neuron_counts, const twSpMatDescr *hidden) {
-    switch (p.type) {
-        case TW_R_16BF: after_gate<__nv_bfloat16>(stream, p, w, x, y, s, stats, neuron_counts, hidden); break;
-        case TW_R_16F: after_gate<__half>(stream, p, w, x, y, s, stats, neuron_counts, hidden); break;
-        default: after_gate<float>(stream, p, w, x, y, s, stats, neuron_counts, hidden); break;
-    }
+void ffn_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
+              bool zero_inactive) {
+    by_type(p.type, [&](auto t) { pack<decltype(t)>(stream, p, s, neuron_counts, zero_inactive); });
+}
+
+void ffn_sparse(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
+                const FfnScratch &s, bool write_h) {
+    by_type(p.type, [&](auto t) { sparse_rows<decltype(t)>(stream, p, w, x, y, s, write_h); });
+}
+
+void ffn_dense_hidden(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s) {
+    const unsigned blocks = static_cast<unsigned>(std::max(1, std::min(2048, ceil_div(p.m, 8))));
+    by_type(p.type, [&](auto t) {
+        using T = decltype(t);
+        if constexpr (!std::is_same_v<T, float>) {
+            dense_mode_hidden<T><<<blocks, 256, 0, stream>>>(s.gate, s.ldg, static_cast<const T *>(s.up), p.m, p.h,
+                                                             p.gated, s.row_l1);
+            check_launch("dense_mode_hidden");
+        }
+    });
+}
+
+void ffn_finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, FfnDeviceStats *stats,
+                const twSpMatDescr *hidden) {
+    by_type(p.type, [&](auto t) { finish<decltype(t)>(stream, p, s, dense_mode, stats, hidden); });
 }
 
 }  // namespace twblas::cuda

@@ -66,27 +66,44 @@ struct FfnProblem {
 struct FfnScratch {
     void *lt_workspace;  // cuBLASLt
     size_t lt_bytes;
-    void *gate;          // M x hp, gate type (value type; fp32 in HIGHEST_PRECISION)
+    void *gate;          // M x hp, gate type (value type; fp32 in HIGHEST_PRECISION); later h
     int64_t ldg;
+    void *up;            // M x hp (dense mode: X Wu^T for every row; NULL when not possible)
     uint16_t *idx;       // M x cap active units in ascending order
     int32_t cap;
     int32_t *count;      // M: active units, -1 for rows on the dense path
     int32_t *row_nnz;    // M: active units of every row
     float *row_l1;       // M: sum |h| of each row
-    uint32_t *dense_count;  // 1: rows on the dense path
+    uint32_t *header;    // [0] rows on the dense path, [1] finalize's ticket (zeroed by ffn_pack)
+    uint32_t *dense_count;  // = header
     int32_t *dense_rows;    // M
     int32_t *writer_flags;  // M (hidden output)
+    int splits;             // teams per token (small M), see ffn_splits
+    float *partial;         // splits x M x dp partial rows, then splits x M l1 (splits > 1)
 };
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
+int ffn_splits(int64_t m);
 
 /// Copies user weights (device, any order) into the FfnWeights layout.
 void repack_weights(cudaStream_t stream, const FfnProblem &p, const MatrixArg *wg, const MatrixArg &wu,
                     const MatrixArg &wd, void *gate, void *pair, void *down_t);
 
-/// Everything after the gate GEMM (which the caller ran into scratch.gate): packing, the sparse
-/// up/down kernel, the dense path of overflowing rows, statistics, neuron counts and `hidden`.
-void ffn_after_gate(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
-                    const MatrixArg &y, const FfnScratch &s, FfnDeviceStats *stats,
-                    unsigned long long *neuron_counts, const twSpMatDescr *hidden);
+// A forward is: the gate GEMM into scratch.gate (cuBLASLt, by the backend), ffn_pack, then
+// either ffn_sparse (active units only; overflowing rows through the exact dense path) or, in
+// dense mode, the up GEMM into scratch.up + ffn_dense_hidden + the down GEMM, then ffn_finish.
+
+/// Active-unit lists, TwELL tile overflow (-> dense path), row counts, neuron counts; zeroes the
+/// inactive gate values when `zero_inactive` (the hidden output needs h = 0 there).
+void ffn_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
+              bool zero_inactive);
+/// Y for every row: sparse rows through the fused up/down kernel (h written over the gate
+/// buffer when `write_h`), rows on the dense path through gathered tensor-core GEMMs.
+void ffn_sparse(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
+                const FfnScratch &s, bool write_h);
+/// Dense mode: h over the gate buffer from the gate and scratch.up, with each row's l1.
+void ffn_dense_hidden(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s);
+/// Statistics (and the l1 of dense-path rows), then the optional hidden output from h.
+void ffn_finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, FfnDeviceStats *stats,
+                const twSpMatDescr *hidden);
 
 }  // namespace twblas::cuda
