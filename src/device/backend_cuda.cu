@@ -106,6 +106,7 @@ struct CudaFfnState final : FfnState {
     cudaEvent_t feedback_ready = nullptr;
     bool feedback_pending = false;
     bool dense_mode = false;
+    double dense_row_fraction = 0.0;  // of the last forward whose statistics arrived
     CudaFfnState() { check(cudaEventCreateWithFlags(&feedback_ready, cudaEventDisableTiming), "cudaEventCreate"); }
     ~CudaFfnState() override { cudaEventDestroy(feedback_ready); }
 };
@@ -233,6 +234,7 @@ class CudaBackend final : public Backend {
         const cuda::FfnScratch s = cuda::carve_ffn_scratch(workspace, p, nullptr);
         const twDataType_t gate_type = p.highest ? TW_R_32F : p.type;
         const bool dense = choose_dense_mode(st, p, y, s);
+        int64_t first_dense = 0;
         // the gate GEMM (cuBLASLt, tensor cores): z = X Wg^T, rounded to the gate type
         gemm_.run(stream(), 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
                   {s.gate, s.ldg, gate_type}, s.lt_workspace, s.lt_bytes);
@@ -247,16 +249,36 @@ class CudaBackend final : public Backend {
                       {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type},
                       s.lt_workspace, s.lt_bytes);
         } else {
-            cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, hidden != nullptr);
+            // rows on the dense path: the first `cap` of them through cuBLAS GEMMs of cap rows
+            // (cap from the last measured share of such rows, with room to spare), any beyond
+            // through the gathered kernels, whose row count is read on the device
+            const int64_t cap = dense_path_capacity(st, p, s);
+            if (cap > 0) {
+                const cuda::MatrixArg xa = cuda::matrix_arg(x), ya = cuda::matrix_arg(y);
+                if (p.gated) {
+                    cuda::ffn_dense_gather(stream(), p, xa, s, cap);
+                    gemm_.run(stream(), 1.0f, {s.xc, cap, p.d, p.dp, TW_ORDER_ROW, p.type},
+                              {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type}, {s.up, s.ldg, p.type},
+                              s.lt_workspace, s.lt_bytes);
+                }
+                cuda::ffn_dense_rows_hidden(stream(), p, s, cap, hidden != nullptr);
+                gemm_.run(stream(), 1.0f, {s.up, cap, p.h, s.ldg, TW_ORDER_ROW, p.type},
+                          {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {s.xc, p.dp, p.type},
+                          s.lt_workspace, s.lt_bytes);
+                cuda::ffn_dense_scatter(stream(), p, ya, s, cap);
+            }
+            cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, hidden != nullptr, cap);
+            first_dense = cap;
         }
-        cuda::ffn_finish(stream(), p, s, dense, st.stats.get<cuda::FfnDeviceStats>(), hidden);
+        cuda::ffn_finish(stream(), p, s, dense, first_dense, st.stats.get<cuda::FfnDeviceStats>(), hidden);
         post_feedback(st);
     }
-    twFfnStats_t ffn_stats(const twFfnDescr &ffn) override {
+    twFfnStats_t ffn_stats(const twFfnDescr &ffn) override {  // blocking by contract
         cuda::FfnDeviceStats d{};
         check(cudaMemcpyAsync(&d, state_of(ffn).stats.get(), sizeof d, cudaMemcpyDeviceToHost, stream()),
               "cudaMemcpyAsync");
         check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+        absorb_feedback(state_of(ffn), ffn.hidden_dim);  // complete now: steer the next forward
         twFfnStats_t out{};
         out.tokens = d.tokens;
         out.meanRowNnz = d.tokens ? static_cast<double>(d.total_nnz) / static_cast<double>(d.tokens) : 0.0;
@@ -303,19 +325,31 @@ class CudaBackend final : public Backend {
     /// fp32 intermediates have no cuBLAS form here, so they stay sparse too.
     bool choose_dense_mode(CudaFfnState &st, const cuda::FfnProblem &p, const twDnMatDescr &y,
                            const cuda::FfnScratch &s) {
-        if (st.feedback_pending && !capturing()) {
-            const cudaError_t q = cudaEventQuery(st.feedback_ready);
-            if (q == cudaSuccess) {
-                const cuda::FfnDeviceStats f = *st.feedback.p;
-                st.feedback_pending = false;
-                const double mean = f.tokens ? static_cast<double>(f.total_nnz) / static_cast<double>(f.tokens) : 0.0;
-                st.dense_mode = f.tokens > 0 && (mean > static_cast<double>(p.h) / 128.0 || 4 * f.overflow_rows > f.tokens);
-            } else if (q != cudaErrorNotReady) {
-                check(q, "cudaEventQuery");
-            }
-        }
+        if (!capturing()) absorb_feedback(st, p.h);
         return st.dense_mode && !p.deterministic && s.up != nullptr && y.order == TW_ORDER_ROW &&
                y.ld % 8 == 0 && p.m > 0;
+    }
+
+    /// Rows of the dense path that go through cuBLAS: 1.25x the last measured share plus 64,
+    /// rounded to 64 (0 when none overflowed, in deterministic mode, and for fp32 gates).
+    static int64_t dense_path_capacity(const CudaFfnState &st, const cuda::FfnProblem &p, const cuda::FfnScratch &s) {
+        if (st.dense_row_fraction <= 0.0 || p.deterministic || s.up == nullptr) return 0;
+        const double want = 1.25 * st.dense_row_fraction * static_cast<double>(p.m) + 64.0;
+        return std::min<int64_t>(p.m, (static_cast<int64_t>(want) + 63) / 64 * 64);
+    }
+
+    /// Takes the statistics of an earlier forward once they have arrived (never waits).
+    static void absorb_feedback(CudaFfnState &st, int64_t hidden_dim) {
+        if (!st.feedback_pending) return;
+        const cudaError_t q = cudaEventQuery(st.feedback_ready);
+        if (q == cudaErrorNotReady) return;
+        check(q, "cudaEventQuery");
+        const cuda::FfnDeviceStats f = *st.feedback.p;
+        st.feedback_pending = false;
+        const double mean = f.tokens ? static_cast<double>(f.total_nnz) / static_cast<double>(f.tokens) : 0.0;
+        st.dense_mode =
+            f.tokens > 0 && (mean > static_cast<double>(hidden_dim) / 128.0 || 4 * f.overflow_rows > f.tokens);
+        st.dense_row_fraction = f.tokens ? static_cast<double>(f.overflow_rows) / static_cast<double>(f.tokens) : 0.0;
     }
 
     void post_feedback(CudaFfnState &st) {

@@ -298,6 +298,7 @@ template <class T, class TA> struct GatherArgs {
     bool gate_f32, highest;
     T *y;  // Down
     int64_t y_rs, y_cs;
+    int64_t first;  // rows[first..count) (the ones before went through cuBLAS)
 };
 
 constexpr int kTm = 64, kTn = 128, kTk = 32;
@@ -336,7 +337,7 @@ template <class T, Epilogue EPI> __global__ void __launch_bounds__(256) gathered
     const int wm = warp / 4, wn = warp % 4;  // 2 x 4 warps of 32 x 32
     const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTn;
     const int64_t total = *g.count;
-    for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTm; m0 < total; m0 += static_cast<int64_t>(gridDim.y) * kTm) {
+    for (int64_t m0 = g.first + static_cast<int64_t>(blockIdx.y) * kTm; m0 < total; m0 += static_cast<int64_t>(gridDim.y) * kTm) {
         __syncthreads();
         if (tid < kTm) srow[tid] = m0 + tid < total ? g.rows[m0 + tid] : -1;
         __syncthreads();
@@ -390,7 +391,7 @@ template <class T, class TA, Epilogue EPI> __global__ void __launch_bounds__(256
     const int tr = tid / 16, tc = tid % 16;  // rows tr*4.., cols tc + 16*j
     const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTn;
     const int64_t total = *g.count;
-    for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTm; m0 < total; m0 += static_cast<int64_t>(gridDim.y) * kTm) {
+    for (int64_t m0 = g.first + static_cast<int64_t>(blockIdx.y) * kTm; m0 < total; m0 += static_cast<int64_t>(gridDim.y) * kTm) {
         __syncthreads();
         if (tid < kTm) srow[tid] = m0 + tid < total ? g.rows[m0 + tid] : -1;
         __syncthreads();
@@ -470,14 +471,14 @@ constexpr int kFinalThreads = 512;
 template <class T>
 __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int64_t ldg, int64_t h, bool f32,
                                                           bool relu, const int32_t *rows, const uint32_t *count_dense,
-                                                          bool dense_l1, int64_t m, const int32_t *row_nnz,
+                                                          bool dense_l1, int64_t first, int64_t m, const int32_t *row_nnz,
                                                           const int32_t *count, float *row_l1, uint32_t *ticket,
                                                           FfnDeviceStats *out) {
     const int lane = threadIdx.x & 31;
     if (dense_l1) {
         const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-        for (int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < *count_dense;
-             i += warps) {
+        for (int64_t i = first + static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+             i < *count_dense; i += warps) {
             const int64_t r = rows[i];
             float s = 0.0f;
             for (int64_t c = lane; c < h; c += 32) {
@@ -519,6 +520,53 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
     __syncthreads();
     const double tl = ReduceD(temp.d).Sum(l1);
     if (threadIdx.x == 0) *out = FfnDeviceStats{m, tn, tm, to, tl};
+}
+
+// ---- the dense path through cuBLAS: the first `cap` rows of the dense list are compacted,
+// multiplied by cuBLAS GEMMs of cap rows, and scattered back (cap comes from the statistics of
+// an earlier forward; rows past it go through the gathered kernels, so nothing depends on it
+// being large enough)
+
+template <class T> __global__ void gather_rows(const T *x, int64_t x_rs, int64_t x_cs, int64_t d, const int32_t *rows,
+                                               const uint32_t *count, int64_t cap, T *xc, int64_t ldc) {
+    const int64_t n = min(static_cast<int64_t>(*count), cap);
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const int64_t r = rows[i];
+        for (int64_t k = threadIdx.x; k < d; k += blockDim.x) xc[i * ldc + k] = x[r * x_rs + k * x_cs];
+    }
+}
+
+/// hc[i] = h of dense row rows[i] from its gate row and uc[i] (= X Wu^T, gated), written over
+/// uc[i]; also each row's l1 and, for the hidden output, h back into the gate buffer.
+template <class T> __global__ void compact_hidden(T *gate, int64_t ldg, T *uc, int64_t h, bool gated,
+                                                  const int32_t *rows, const uint32_t *count, int64_t cap,
+                                                  bool write_back, float *row_l1) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = min(static_cast<int64_t>(*count), cap);
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < n; i += warps) {
+        const int64_t r = rows[i];
+        float l1 = 0.0f;
+        for (int64_t c = lane; c < h; c += 32) {
+            const float g = load_elem(gate, r * ldg + c);
+            float hv = 0.0f;
+            if (relu_active(g)) hv = gated ? round_to<T>(g * load_elem(uc, i * ldg + c)) : g;
+            store_elem(uc, i * ldg + c, hv);
+            if (write_back) store_elem(gate, r * ldg + c, hv);
+            l1 += fabsf(hv);
+        }
+        for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFull, l1, o);
+        if (lane == 0) row_l1[r] = l1;
+    }
+}
+
+template <class T> __global__ void scatter_rows(const T *yc, int64_t ldc, int64_t d, const int32_t *rows,
+                                                const uint32_t *count, int64_t cap, T *y, int64_t y_rs, int64_t y_cs) {
+    const int64_t n = min(static_cast<int64_t>(*count), cap);
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const int64_t r = rows[i];
+        for (int64_t k = threadIdx.x; k < d; k += blockDim.x) y[r * y_rs + k * y_cs] = yc[i * ldc + k];
+    }
 }
 
 // ---- weight repacking (setup)
@@ -617,7 +665,7 @@ void pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigne
 
 template <class T>
 void sparse_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
-                 const FfnScratch &s, bool write_h) {
+                 const FfnScratch &s, bool write_h, int64_t first) {
     const bool gate_f32 = gate_is_f32(p);
     const size_t eb = elem_bytes(p.type);
     auto aligned = [&](const MatrixArg &mat) {
@@ -640,29 +688,29 @@ void sparse_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, 
     if (p.gated) {
         GatherArgs<T, T> up{static_cast<const T *>(x.ptr), x.rs, x.cs, false, static_cast<const T *>(w.pair),
                             w.pair_stride, p.h, p.d, s.dense_rows, s.dense_count, s.gate, s.ldg, gate_f32,
-                            p.highest, nullptr, 0, 0};
+                            p.highest, nullptr, 0, 0, first};
         launch_gathered<T, T, Epilogue::UpGated>(stream, up, p.m, tc);
     }
     if (gate_f32) {
         GatherArgs<T, float> down{static_cast<const float *>(s.gate), s.ldg, 1, !p.gated,
                                   static_cast<const T *>(w.down_t), p.hp, p.d, p.h, s.dense_rows, s.dense_count,
-                                  nullptr, 0, gate_f32, p.highest, static_cast<T *>(y.ptr), y.rs, y.cs};
+                                  nullptr, 0, gate_f32, p.highest, static_cast<T *>(y.ptr), y.rs, y.cs, first};
         launch_gathered<T, float, Epilogue::Down>(stream, down, p.m, false);
     } else {
         GatherArgs<T, T> down{static_cast<const T *>(s.gate), s.ldg, 1, !p.gated, static_cast<const T *>(w.down_t),
                               p.hp, p.d, p.h, s.dense_rows, s.dense_count, nullptr, 0, gate_f32, p.highest,
-                              static_cast<T *>(y.ptr), y.rs, y.cs};
+                              static_cast<T *>(y.ptr), y.rs, y.cs, first};
         launch_gathered<T, T, Epilogue::Down>(stream, down, p.m, tc);
     }
 }
 
 template <class T>
-void finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, FfnDeviceStats *stats,
-            const twSpMatDescr *hidden) {
+void finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, int64_t first,
+            FfnDeviceStats *stats, const twSpMatDescr *hidden) {
     const bool gate_f32 = gate_is_f32(p);
     const unsigned blocks = static_cast<unsigned>(std::max(1, std::min(264, ceil_div(p.m, kFinalThreads / 32))));
     finalize<T><<<blocks, kFinalThreads, 0, stream>>>(s.gate, s.ldg, p.h, gate_f32, !p.gated, s.dense_rows,
-                                                      s.dense_count, !dense_mode, p.m, s.row_nnz, s.count, s.row_l1,
+                                                      s.dense_count, !dense_mode, first, p.m, s.row_nnz, s.count, s.row_l1,
                                                       s.header + 1, stats);
     check_launch("finalize");
     if (hidden) {
@@ -700,6 +748,8 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
     s.gate = c.take<char>(static_cast<size_t>(p.m * p.hp) * (gate_f32 ? 4 : 2));
     // dense mode's U (the up projection of every row): 16-bit types in DEFAULT mode only
     s.up = gate_f32 ? nullptr : c.take<char>(static_cast<size_t>(p.m * p.hp) * 2);
+    // the cuBLAS dense path's compacted X rows, then its Y rows
+    s.xc = gate_f32 ? nullptr : c.take<char>(static_cast<size_t>(p.m * p.dp) * 2);
     const int64_t tiles = (p.h + p.tile - 1) / p.tile;
     s.cap = static_cast<int32_t>(std::min<int64_t>(tiles * p.slots, p.h));
     s.idx = c.take<uint16_t>(static_cast<size_t>(p.m * s.cap));
@@ -736,8 +786,8 @@ void ffn_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, uns
 }
 
 void ffn_sparse(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
-                const FfnScratch &s, bool write_h) {
-    by_type(p.type, [&](auto t) { sparse_rows<decltype(t)>(stream, p, w, x, y, s, write_h); });
+                const FfnScratch &s, bool write_h, int64_t first) {
+    by_type(p.type, [&](auto t) { sparse_rows<decltype(t)>(stream, p, w, x, y, s, write_h, first); });
 }
 
 void ffn_dense_hidden(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s) {
@@ -752,9 +802,39 @@ void ffn_dense_hidden(cudaStream_t stream, const FfnProblem &p, const FfnScratch
     });
 }
 
-void ffn_finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, FfnDeviceStats *stats,
-                const twSpMatDescr *hidden) {
-    by_type(p.type, [&](auto t) { finish<decltype(t)>(stream, p, s, dense_mode, stats, hidden); });
+void ffn_finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, int64_t first,
+                FfnDeviceStats *stats, const twSpMatDescr *hidden) {
+    by_type(p.type, [&](auto t) { finish<decltype(t)>(stream, p, s, dense_mode, first, stats, hidden); });
+}
+
+void ffn_dense_gather(cudaStream_t stream, const FfnProblem &p, const MatrixArg &x, const FfnScratch &s, int64_t cap) {
+    by_type(p.type, [&](auto t) {
+        using T = decltype(t);
+        gather_rows<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 1024))), 256, 0, stream>>>(
+            static_cast<const T *>(x.ptr), x.rs, x.cs, p.d, s.dense_rows, s.dense_count, cap, static_cast<T *>(s.xc), p.dp);
+        check_launch("gather_rows");
+    });
+}
+
+void ffn_dense_rows_hidden(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, int64_t cap, bool write_back) {
+    by_type(p.type, [&](auto t) {
+        using T = decltype(t);
+        if constexpr (!std::is_same_v<T, float>) {
+            compact_hidden<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(cap, 8), 1024))),
+                                256, 0, stream>>>(static_cast<T *>(s.gate), s.ldg, static_cast<T *>(s.up), p.h, p.gated,
+                                                  s.dense_rows, s.dense_count, cap, write_back, s.row_l1);
+            check_launch("compact_hidden");
+        }
+    });
+}
+
+void ffn_dense_scatter(cudaStream_t stream, const FfnProblem &p, const MatrixArg &y, const FfnScratch &s, int64_t cap) {
+    by_type(p.type, [&](auto t) {
+        using T = decltype(t);
+        scatter_rows<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 1024))), 256, 0, stream>>>(
+            static_cast<const T *>(s.xc), p.dp, p.d, s.dense_rows, s.dense_count, cap, static_cast<T *>(y.ptr), y.rs, y.cs);
+        check_launch("scatter_rows");
+    });
 }
 
 }  // namespace twblas::cuda

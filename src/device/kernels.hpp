@@ -68,7 +68,9 @@ struct FfnScratch {
     size_t lt_bytes;
     void *gate;          // M x hp, gate type (value type; fp32 in HIGHEST_PRECISION); later h
     int64_t ldg;
-    void *up;            // M x hp (dense mode: X Wu^T for every row; NULL when not possible)
+    void *up;            // M x hp: X Wu^T of every row (dense mode) or of the compacted dense-path
+                         // rows, then their h (NULL for fp32 gates: no cuBLAS form)
+    void *xc;            // M x dp: compacted X rows of the dense path, then their Y rows
     uint16_t *idx;       // M x cap active units in ascending order
     int32_t cap;
     int32_t *count;      // M: active units, -1 for rows on the dense path
@@ -98,12 +100,19 @@ void ffn_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, uns
               bool zero_inactive);
 /// Y for every row: sparse rows through the fused up/down kernel (h written over the gate
 /// buffer when `write_h`), rows on the dense path through gathered tensor-core GEMMs.
+/// Rows [0, first) of the dense list were done through cuBLAS (ffn_dense_*).
 void ffn_sparse(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
-                const FfnScratch &s, bool write_h);
+                const FfnScratch &s, bool write_h, int64_t first);
+/// The cuBLAS dense path over the first `cap` rows of the dense list: gather X rows into
+/// scratch.xc, (up GEMM into scratch.up by the backend), h over scratch.up, (down GEMM into
+/// scratch.xc), scatter into Y.
+void ffn_dense_gather(cudaStream_t stream, const FfnProblem &p, const MatrixArg &x, const FfnScratch &s, int64_t cap);
+void ffn_dense_rows_hidden(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, int64_t cap, bool write_back);
+void ffn_dense_scatter(cudaStream_t stream, const FfnProblem &p, const MatrixArg &y, const FfnScratch &s, int64_t cap);
 /// Dense mode: h over the gate buffer from the gate and scratch.up, with each row's l1.
 void ffn_dense_hidden(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s);
 /// Statistics (and the l1 of dense-path rows), then the optional hidden output from h.
-void ffn_finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, FfnDeviceStats *stats,
-                const twSpMatDescr *hidden);
+void ffn_finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, int64_t first,
+                FfnDeviceStats *stats, const twSpMatDescr *hidden);
 
 }  // namespace twblas::cuda
