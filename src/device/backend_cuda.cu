@@ -239,12 +239,13 @@ class CudaBackend final : public Backend {
         gemm_.run(stream(), 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
                   {s.gate, s.ldg, gate_type}, s.lt_workspace, s.lt_bytes);
         const cuda::FfnWeights w{st.gate.get(), st.pair.get(), p.gated ? 2 * p.dp : p.dp, st.down_t.get()};
-        cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), hidden != nullptr && !dense);
         if (dense) {
+            // dense mode: the up projection of every row, h and the statistics in one pass over
+            // the gate (ffn_pack), then the down projection
             if (p.gated)
                 gemm_.run(stream(), 1.0f, operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
                           {s.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
-            cuda::ffn_dense_hidden(stream(), p, s);
+            cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), false, true);
             gemm_.run(stream(), 1.0f, {s.gate, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
                       {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type},
                       s.lt_workspace, s.lt_bytes);
@@ -252,6 +253,7 @@ class CudaBackend final : public Backend {
             // rows on the dense path: the first `cap` of them through cuBLAS GEMMs of cap rows
             // (cap from the last measured share of such rows, with room to spare), any beyond
             // through the gathered kernels, whose row count is read on the device
+            cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), hidden != nullptr, false);
             const int64_t cap = dense_path_capacity(st, p, s);
             if (cap > 0) {
                 const cuda::MatrixArg xa = cuda::matrix_arg(x), ya = cuda::matrix_arg(y);
@@ -348,8 +350,8 @@ class CudaBackend final : public Backend {
         st.feedback_pending = false;
         const double mean = f.tokens ? static_cast<double>(f.total_nnz) / static_cast<double>(f.tokens) : 0.0;
         st.dense_mode =
-            f.tokens > 0 && (mean > static_cast<double>(hidden_dim) / 128.0 || 4 * f.overflow_rows > f.tokens);
-        st.dense_row_fraction = f.tokens ? static_cast<double>(f.overflow_rows) / static_cast<double>(f.tokens) : 0.0;
+            f.tokens > 0 && (mean > static_cast<double>(hidden_dim) / 128.0 || 4 * f.dense_rows > f.tokens);
+        st.dense_row_fraction = f.tokens ? static_cast<double>(f.dense_rows) / static_cast<double>(f.tokens) : 0.0;
     }
 
     void post_feedback(CudaFfnState &st) {

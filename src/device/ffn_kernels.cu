@@ -82,6 +82,10 @@ template <class T> struct PackArgs {
     int32_t *count, *row_nnz, *dense_rows;
     uint32_t *dense_count;
     unsigned long long *neuron_counts;
+    int row_limit;    // rows with more active units go to the dense path (GEMMs beat gathers)
+    const T *up;      // dense mode (16-bit types): X Wu^T of every row, NULL for a plain FFN
+    bool dense_mode;  // dense mode: write h over the gate and each row's l1; no unit lists
+    float *row_l1;
 };
 
 template <class T> __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> a) {
@@ -93,6 +97,7 @@ template <class T> __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> 
     uint16_t *idx = a.idx + row * a.cap;
     int total = 0;
     bool overflow = false;
+    float l1 = 0.0f;
     for (int64_t c0 = 0; c0 < a.h; c0 += 256) {
         const int64_t cl = c0 + lane * 8;
         float v[8];
@@ -117,20 +122,45 @@ template <class T> __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> 
         int pos = total + excl;
         for (int i = 0; i < 8; ++i) {
             if (!(mask >> i & 1u)) continue;
-            if (pos < a.cap) idx[pos] = static_cast<uint16_t>(cl + i);
+            if (!a.dense_mode && pos < a.cap) idx[pos] = static_cast<uint16_t>(cl + i);
             ++pos;
             if (a.neuron_counts) atomicAdd(a.neuron_counts + cl + i, 1ull);
         }
-        if (a.zero_inactive && cl < a.ldg && mask != 0xffu) {
+        if constexpr (!std::is_same_v<T, float>) {
+            if (a.dense_mode && cl < a.ldg) {
+                // h = relu(g) * u rounded (gated) or relu(g), written over the gate values
+                uint4 uq = make_uint4(0, 0, 0, 0);
+                if (a.up) uq = *reinterpret_cast<const uint4 *>(a.up + row * a.ldg + cl);
+                T out[8];
+                for (int i = 0; i < 8; ++i) {
+                    float hv = 0.0f;
+                    if (mask >> i & 1u) hv = a.up ? round_to<T>(v[i] * Chunk<T>::get(uq, i)) : v[i];
+                    out[i] = Value<T>::from_float(hv);
+                    l1 += fabsf(Value<T>::to_float(out[i]));
+                }
+                *reinterpret_cast<uint4 *>(static_cast<T *>(a.gate) + row * a.ldg + cl) = *reinterpret_cast<const uint4 *>(out);
+            }
+        }
+        if (a.zero_inactive && !a.dense_mode && cl < a.ldg && mask != 0xffu) {
             for (int i = 0; i < 8; ++i)
                 if (!(mask >> i & 1u)) gate_store<T>(a.gate, row * a.ldg + cl + i, a.gate_f32, 0.0f);
         }
         total += __shfl_sync(kFull, incl, 31);
     }
+    if (a.dense_mode) {
+        for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFull, l1, o);
+        if (lane == 0) {
+            a.row_nnz[row] = total;
+            a.count[row] = overflow ? -1 : total;
+            a.row_l1[row] = l1;
+        }
+        return;
+    }
     if (lane == 0) {
         a.row_nnz[row] = total;
-        if (overflow) {
-            a.count[row] = -1;
+        // -1: a TwELL tile over capacity (counted in the statistics); -2: a long row
+        if (overflow || total > a.row_limit) {
+            a.count[row] = overflow ? -1 : -2;
             a.dense_rows[atomicAdd(a.dense_count, 1u)] = static_cast<int32_t>(row);
         } else {
             a.count[row] = total;
@@ -444,27 +474,6 @@ template <class T> __global__ void reduce_splits(const float *partial, int split
     }
 }
 
-/// Dense mode: h = relu(g) * u (gated) or relu(g) (plain) written over the gate buffer for
-/// every row, with its l1; one warp per row.
-template <class T> __global__ void dense_mode_hidden(void *gate, int64_t ldg, const T *u, int64_t m, int64_t h,
-                                                     bool gated, float *row_l1) {
-    const int lane = threadIdx.x & 31;
-    const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-    for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < m; r += warps) {
-        T *g = static_cast<T *>(gate) + r * ldg;
-        float l1 = 0.0f;
-        for (int64_t c = lane; c < h; c += 32) {
-            const float gv = load_elem(g, c);
-            float hv = 0.0f;
-            if (relu_active(gv)) hv = gated ? round_to<T>(gv * load_elem(u, r * ldg + c)) : gv;
-            store_elem(g, c, hv);
-            l1 += fabsf(hv);
-        }
-        for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFull, l1, o);
-        if (lane == 0) row_l1[r] = l1;
-    }
-}
-
 /// The l1 of the rows on the dense path (one warp per row), then, in the last block to finish,
 /// the statistics reduced in a fixed order.
 constexpr int kFinalThreads = 512;
@@ -498,12 +507,13 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
     __threadfence();
     const int64_t per = (m + kFinalThreads - 1) / kFinalThreads;
     const int64_t lo = min(m, threadIdx.x * per), hi = min(m, lo + per);
-    long long nnz = 0, mx = 0, over = 0;
+    long long nnz = 0, mx = 0, over = 0, dense = 0;
     double l1 = 0.0;
     for (int64_t r = lo; r < hi; ++r) {
         nnz += row_nnz[r];
         mx = max(mx, static_cast<long long>(row_nnz[r]));
-        over += count[r] < 0;
+        over += count[r] == -1;
+        dense += count[r] < 0;
         l1 += static_cast<volatile const float *>(row_l1)[r];
     }
     using ReduceL = cub::BlockReduce<long long, kFinalThreads>;
@@ -518,8 +528,10 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
     __syncthreads();
     const long long to = ReduceL(temp.l).Sum(over);
     __syncthreads();
+    const long long td = ReduceL(temp.l).Sum(dense);
+    __syncthreads();
     const double tl = ReduceD(temp.d).Sum(l1);
-    if (threadIdx.x == 0) *out = FfnDeviceStats{m, tn, tm, to, tl};
+    if (threadIdx.x == 0) *out = FfnDeviceStats{m, tn, tm, to, td, tl};
 }
 
 // ---- the dense path through cuBLAS: the first `cap` rows of the dense list are compacted,
@@ -655,10 +667,14 @@ bool gate_is_f32(const FfnProblem &p) { return p.type == TW_R_32F || p.highest; 
 
 template <class T>
 void pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
-          bool zero_inactive) {
+          bool zero_inactive, bool dense_mode) {
     check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
+    // per-row break-even of gathers (8 KB per unit for D = 2048) against a GEMM row (4 D H
+    // flops): about H / 32 units; never below what the TwELL tiles hold on average
+    const int row_limit = static_cast<int>(std::max<int64_t>(p.h / 32, 64));
     PackArgs<T> pk{s.gate, s.ldg, p.m, p.h, gate_is_f32(p), zero_inactive, p.tile, p.slots, s.cap,
-                   s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts};
+                   s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, row_limit,
+                   dense_mode && p.gated ? static_cast<const T *>(s.up) : nullptr, dense_mode, s.row_l1};
     pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
     check_launch("pack_rows");
 }
@@ -781,25 +797,13 @@ void repack_weights(cudaStream_t stream, const FfnProblem &p, const MatrixArg *w
 }
 
 void ffn_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
-              bool zero_inactive) {
-    by_type(p.type, [&](auto t) { pack<decltype(t)>(stream, p, s, neuron_counts, zero_inactive); });
+              bool zero_inactive, bool dense_mode) {
+    by_type(p.type, [&](auto t) { pack<decltype(t)>(stream, p, s, neuron_counts, zero_inactive, dense_mode); });
 }
 
 void ffn_sparse(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
                 const FfnScratch &s, bool write_h, int64_t first) {
     by_type(p.type, [&](auto t) { sparse_rows<decltype(t)>(stream, p, w, x, y, s, write_h, first); });
-}
-
-void ffn_dense_hidden(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s) {
-    const unsigned blocks = static_cast<unsigned>(std::max(1, std::min(2048, ceil_div(p.m, 8))));
-    by_type(p.type, [&](auto t) {
-        using T = decltype(t);
-        if constexpr (!std::is_same_v<T, float>) {
-            dense_mode_hidden<T><<<blocks, 256, 0, stream>>>(s.gate, s.ldg, static_cast<const T *>(s.up), p.m, p.h,
-                                                             p.gated, s.row_l1);
-            check_launch("dense_mode_hidden");
-        }
-    });
 }
 
 void ffn_finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, int64_t first,

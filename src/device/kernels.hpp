@@ -50,7 +50,8 @@ struct FfnWeights {
 
 /// Device-side statistics of the last forward (deterministic: reduced in a fixed order).
 struct FfnDeviceStats {
-    long long tokens, total_nnz, max_row, overflow_rows;
+    long long tokens, total_nnz, max_row, overflow_rows;  // overflow: a TwELL tile over capacity
+    long long dense_rows;                                  // rows on the dense path (overflow + long)
     double l1_sum;
 };
 
@@ -92,12 +93,14 @@ void repack_weights(cudaStream_t stream, const FfnProblem &p, const MatrixArg *w
 
 // A forward is: the gate GEMM into scratch.gate (cuBLASLt, by the backend), ffn_pack, then
 // either ffn_sparse (active units only; overflowing rows through the exact dense path) or, in
-// dense mode, the up GEMM into scratch.up + ffn_dense_hidden + the down GEMM, then ffn_finish.
+// dense mode, the up GEMM into scratch.up before ffn_pack and the down GEMM after it, then ffn_finish.
 
-/// Active-unit lists, TwELL tile overflow (-> dense path), row counts, neuron counts; zeroes the
-/// inactive gate values when `zero_inactive` (the hidden output needs h = 0 there).
+/// Active-unit lists, the dense path's rows (a TwELL tile over capacity, or more active units
+/// than gathers pay for), row counts, neuron counts; zeroes the inactive gate values when
+/// `zero_inactive` (the hidden output needs h = 0 there). In dense mode (scratch.up holds
+/// X Wu^T of every row) it writes h over the gate values and each row's l1 instead of lists.
 void ffn_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
-              bool zero_inactive);
+              bool zero_inactive, bool dense_mode);
 /// Y for every row: sparse rows through the fused up/down kernel (h written over the gate
 /// buffer when `write_h`), rows on the dense path through gathered tensor-core GEMMs.
 /// Rows [0, first) of the dense list were done through cuBLAS (ffn_dense_*).
@@ -109,8 +112,6 @@ void ffn_sparse(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, c
 void ffn_dense_gather(cudaStream_t stream, const FfnProblem &p, const MatrixArg &x, const FfnScratch &s, int64_t cap);
 void ffn_dense_rows_hidden(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, int64_t cap, bool write_back);
 void ffn_dense_scatter(cudaStream_t stream, const FfnProblem &p, const MatrixArg &y, const FfnScratch &s, int64_t cap);
-/// Dense mode: h over the gate buffer from the gate and scratch.up, with each row's l1.
-void ffn_dense_hidden(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s);
 /// Statistics (and the l1 of dense-path rows), then the optional hidden output from h.
 void ffn_finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, int64_t first,
                 FfnDeviceStats *stats, const twSpMatDescr *hidden);

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Turns twblas-bench JSON (Google Benchmark) into a markdown table and a plot.
+
+    scripts/bench-report.py bench/results/FILE.json [--md docs/benchmarks.md] [--plot docs/speedup.png]
+
+Every ratio compares timings of one run (one JSON file): twblas against the dense cuBLAS FFN,
+against the gate GEMM alone, and against the cuSPARSE pipeline. The plot shows the speedup over
+dense cuBLAS against the measured active units per token, with the break-even line.
+"""
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+
+NAME = re.compile(r"^ffn/(?P<variant>[a-z_]+)/d(?P<d>\d+)_h(?P<h>\d+)/(?P<profile>[a-z]+-[0-9.]+)/m(?P<m>\d+)")
+
+
+def load(path):
+    with open(path) as f:
+        data = json.load(f)
+    rows = defaultdict(dict)  # (d, h, profile, m) -> variant -> entry
+    for b in data["benchmarks"]:
+        if b.get("aggregate_name") != "median" or b.get("error_occurred"):
+            continue
+        m = NAME.match(b["name"])
+        if not m:
+            continue
+        key = (int(m["d"]), int(m["h"]), m["profile"], int(m["m"]))
+        unit = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "us")]
+        entry = {"ms": b["real_time"] * unit}
+        entry.update({k: v for k, v in b.items() if isinstance(v, (int, float)) and k not in ("real_time", "cpu_time")})
+        rows[key][m["variant"]] = entry
+    return data.get("context", {}), rows
+
+
+def fmt_ms(x):
+    return "" if x is None else (f"{x * 1e3:.1f} us" if x < 1 else f"{x:.3f} ms")
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def fmt_ratio(x, suffix="x"):
+    return "" if x is None else f"{x:.2f}{suffix}"
+
+
+def table(context, rows):
+    out = []
+    gpu = context.get("gpu", "unknown GPU")
+    out.append(f"Measured on {gpu} ({context.get('sm_count', '?')} SMs), CUDA runtime "
+               f"{context.get('cuda_runtime', '?')}, {context.get('date', '')}. bf16, medians of 5 "
+               "repetitions, CUDA events, CUDA-graph replay, inputs rotated over 3 copies.")
+    out.append("")
+    out.append("| D x H | profile | M | active/token (mean, max) | dense-path rows | twblas | dense cuBLAS | gate GEMM | "
+               "cuSPARSE* | vs dense | / gate | vs cuSPARSE | CPU twblas | CPU dense |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (d, h, prof, m), v in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][2] != "uniform-29", kv[0][2], kv[0][3])):
+        tw, de, ga, cs = (v.get(k, {}).get("ms") for k in ("twblas", "dense", "gate", "cusparse"))
+        cpu_tw, cpu_de = (v.get(k, {}).get("ms") for k in ("cpu_twblas", "cpu_dense"))
+        t = v.get("twblas", {})
+        act = f"{t['mean_nnz']:.1f}, {int(t['max_nnz'])}" if "mean_nnz" in t else ""
+        over = str(int(t["overflow_rows"])) if "overflow_rows" in t else ""
+        out.append(f"| {d} x {h} | {prof} | {m} | {act} | {over} | {fmt_ms(tw)} | {fmt_ms(de)} | {fmt_ms(ga)} | "
+                   f"{fmt_ms(cs)} | {fmt_ratio(ratio(de, tw))} | {fmt_ratio(ratio(tw, ga), '')} | "
+                   f"{fmt_ratio(ratio(cs, tw))} | {fmt_ms(cpu_tw)} | {fmt_ms(cpu_de)} |")
+    out.append("")
+    out.append("*cuSPARSE pipeline: cuBLAS gate+up GEMM, ReLU*product, cusparseDenseToSparse (CSR), "
+               "cusparseSpMM. cuSPARSE SDDMM has no bf16, so its up projection is dense; dense -> CSR "
+               "needs the nnz on the host (a synchronisation), so it is timed phase by phase, not in a graph.")
+    return "\n".join(out)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    pts = []
+    for (d, h, prof, m), v in rows.items():
+        if (d, h, m) != (2048, 5632, 16384) or "twblas" not in v or "dense" not in v:
+            continue
+        t = v["twblas"]
+        pts.append((t.get("mean_nnz", 0.0), v["dense"]["ms"] / t["ms"], prof))
+    if not pts:
+        return False
+    pts.sort()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    uni = [p for p in pts if p[2].startswith("uniform")]
+    ax.plot([p[0] for p in uni], [p[1] for p in uni], "o-", label="uniform-k")
+    for p in pts:
+        if not p[2].startswith("uniform"):
+            ax.plot(p[0], p[1], "s", label=p[2])
+    ax.axhline(1.0, color="gray", ls="--", label="break-even (dense cuBLAS)")
+    ax.set_xscale("log")
+    ax.set_xlabel("measured active units per token (of H = 5632)")
+    ax.set_ylabel("speedup over dense cuBLAS FFN")
+    ax.set_title("twblas fused gated FFN, D = 2048, H = 5632, M = 16384, bf16")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json")
+    ap.add_argument("--md", help="write the table into this markdown file (else stdout)")
+    ap.add_argument("--plot", help="write the speedup-vs-sparsity plot (PNG, needs matplotlib)")
+    args = ap.parse_args()
+    context, rows = load(args.json)
+    text = table(context, rows)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write("# twblas benchmark results\n\nGenerated by `scripts/bench-report.py " + args.json + "`.\n\n")
+            f.write(text + "\n")
+            if args.plot:
+                f.write(f"\n![speedup versus sparsity]({args.plot.split('/')[-1]})\n")
+    else:
+        print(text)
+    if args.plot and not plot(rows, args.plot):
+        print("no M = 16384 points for the plot", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
