@@ -190,14 +190,37 @@ template <class T> struct SparseArgs {
     float *partial;  // write fp32 partial rows [split][m][dp] and l1 [split][m] for reduce_splits
 };
 
+// Asynchronous copies (cp.async): a unit's rows stream into shared memory two units ahead of
+// the one being computed, without holding registers. Each thread copies exactly the 16-byte
+// chunks it later reads (and its own copy of the unit's gate word), so no barrier is needed.
+__device__ inline void cp_async16(void *dst, const void *src) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+}
+__device__ inline void cp_async4(void *dst, const void *src) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+constexpr int kStages = 3;  // units in shared memory per team: the current one and two ahead
+
+/// Shared memory of one team: kStages x ([Wu_j | Wd_j] or [Wd_j], dp elements each, then one
+/// 4-byte gate word per thread).
+template <class T> __host__ __device__ size_t sparse_stage_bytes(int64_t dp, bool gated, int threads) {
+    return static_cast<size_t>((gated ? 2 : 1) * dp) * sizeof(T) + static_cast<size_t>(threads) * 4;
+}
+
 template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(SparseArgs<T> a) {
     constexpr int E = Chunk<T>::n;
-    const int team_threads = blockDim.x;  // 32 * W
+    extern __shared__ uint4 dyn_smem[];
+    __shared__ float partial[2][32];
+    const int team_threads = blockDim.x;  // 32 * W, one team (token) per block
     const int warps = team_threads / 32;
     const int t = threadIdx.x, lane = t & 31, warp = t / 32;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-    __shared__ float partial[2][32];
-    if (row >= a.m) return;  // uniform per team; teams of W > 1 have blockDim.y == 1
+    const int64_t row = blockIdx.x;
+    if (row >= a.m) return;
     const int n = a.count[row];
     if (n < 0) return;  // the dense path writes this row
 
@@ -223,61 +246,89 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
     float l1 = 0.0f;
     int parity = 0;
 
-    for (int base = 0; base < n; base += 32) {
-        const int here = min(32, n - base);
-        int my_col = 0;
-        float my_g = 0.0f;
-        if (lane < here) {
-            my_col = a.idx[row * a.cap + base + lane];
-            my_g = gate_value<T>(a.gate, row * a.ldg + my_col, a.gate_f32);
-        }
-        for (int i = 0; i < here; ++i) {
-            if (a.splits > 1 && (base + i) % a.splits != static_cast<int>(blockIdx.y)) continue;
-            const int j = __shfl_sync(kFull, my_col, i);
-            const float g = __shfl_sync(kFull, my_g, i);
-            const T *wrow = a.pair + j * a.pair_stride;
-            float h = g;
-            uint4 wd[V];
-            if (a.gated) {
-                uint4 wu[V];
+    // this team's units: s, s + S, s + 2S, ... of the row's list (S = splits)
+    const int split = static_cast<int>(blockIdx.y), splits = a.splits;
+    const int mine = n > split ? (n - split + splits - 1) / splits : 0;
+    const int64_t weights = (a.gated ? 2 : 1) * a.dp;
+    const size_t stage_bytes = sparse_stage_bytes<T>(a.dp, a.gated, team_threads);
+    char *ring = reinterpret_cast<char *>(dyn_smem);
+    const uint16_t *list = a.idx + row * a.cap;
+    auto issue = [&](int k) {
+        if (k < mine) {
+            const int col = list[split + k * splits];
+            char *stage = ring + static_cast<size_t>(k % kStages) * stage_bytes;
+            T *dst = reinterpret_cast<T *>(stage);
+            const T *src = a.pair + col * a.pair_stride;
 #pragma unroll
-                for (int c = 0; c < V; ++c) {
-                    const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
-                    const bool in = k0 < a.dp;
-                    wu[c] = in ? __ldg(reinterpret_cast<const uint4 *>(wrow + k0)) : make_uint4(0, 0, 0, 0);
-                    wd[c] = in ? __ldg(reinterpret_cast<const uint4 *>(wrow + a.dp + k0)) : make_uint4(0, 0, 0, 0);
-                }
-                float dot = 0.0f;
-#pragma unroll
-                for (int c = 0; c < V; ++c)
-#pragma unroll
-                    for (int e = 0; e < E; ++e) dot = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(wu[c], e), dot);
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(kFull, dot, o);
-                if (warps > 1) {
-                    if (lane == 0) partial[parity][warp] = dot;
-                    __syncthreads();
-                    dot = 0.0f;
-                    for (int w = 0; w < warps; ++w) dot += partial[parity][w];
-                    parity ^= 1;
-                }
-                const float u = a.highest ? dot : round_to<T>(dot);
-                h = a.highest ? g * u : round_to<T>(g * u);
-            } else {
-#pragma unroll
-                for (int c = 0; c < V; ++c) {
-                    const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
-                    wd[c] = k0 < a.dp ? __ldg(reinterpret_cast<const uint4 *>(wrow + k0)) : make_uint4(0, 0, 0, 0);
+            for (int c = 0; c < V; ++c) {
+                const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
+                if (k0 < a.dp) {
+                    cp_async16(dst + k0, src + k0);
+                    if (a.gated) cp_async16(dst + a.dp + k0, src + a.dp + k0);
                 }
             }
-            l1 += fabsf(h);
-            if (a.write_h && t == 0) gate_store<T>(a.gate, row * a.ldg + j, a.gate_f32, h);
+            // the 4-byte word holding this unit's gate value (16-bit gates: an aligned pair)
+            const int64_t gi = row * a.ldg + col;
+            const char *gw = a.gate_f32 ? reinterpret_cast<const char *>(static_cast<const float *>(a.gate) + gi)
+                                        : reinterpret_cast<const char *>(static_cast<const T *>(a.gate) + (gi & ~int64_t{1}));
+            cp_async4(reinterpret_cast<char *>(dst + weights) + t * 4, gw);
+        }
+        cp_async_commit();  // one group per unit slot, empty past the end: uniform counting
+    };
+    issue(0);
+    issue(1);
+    for (int k = 0; k < mine; ++k) {
+        issue(k + 2);
+        cp_async_wait<kStages - 1>();  // unit k has landed (this thread's copies)
+        const char *stage = ring + static_cast<size_t>(k % kStages) * stage_bytes;
+        const T *w = reinterpret_cast<const T *>(stage);
+        const uint32_t gword = *reinterpret_cast<const uint32_t *>(reinterpret_cast<const char *>(w + weights) + t * 4);
+        float g;
+        const int col = list[split + k * splits];
+        if (a.gate_f32) {
+            g = __uint_as_float(gword);
+        } else {
+            const uint4 q = make_uint4(gword, 0, 0, 0);
+            g = Chunk<T>::get(q, col & 1);
+        }
+        float h = g;
+        if (a.gated) {
+            float dot = 0.0f;
 #pragma unroll
-            for (int c = 0; c < V; ++c)
+            for (int c = 0; c < V; ++c) {
+                const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
+                if (k0 < a.dp) {
+                    const uint4 wu = *reinterpret_cast<const uint4 *>(w + k0);
 #pragma unroll
-                for (int e = 0; e < E; ++e) acc[c][e] = fmaf(h, Chunk<T>::get(wd[c], e), acc[c][e]);
+                    for (int e = 0; e < E; ++e) dot = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(wu, e), dot);
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(kFull, dot, o);
+            if (warps > 1) {
+                if (lane == 0) partial[parity][warp] = dot;
+                __syncthreads();
+                dot = 0.0f;
+                for (int ww = 0; ww < warps; ++ww) dot += partial[parity][ww];
+                parity ^= 1;
+            }
+            const float u = a.highest ? dot : round_to<T>(dot);
+            h = a.highest ? g * u : round_to<T>(g * u);
+        }
+        l1 += fabsf(h);
+        if (a.write_h && t == 0) gate_store<T>(a.gate, row * a.ldg + col, a.gate_f32, h);
+        const T *wd = w + (a.gated ? a.dp : 0);
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+            const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
+            if (k0 < a.dp) {
+                const uint4 q = *reinterpret_cast<const uint4 *>(wd + k0);
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[c][e] = fmaf(h, Chunk<T>::get(q, e), acc[c][e]);
+            }
         }
     }
+    cp_async_wait<0>();
 
     if (a.splits > 1) {
         float *part = a.partial + (static_cast<int64_t>(blockIdx.y) * a.m + row) * a.dp;
@@ -622,24 +673,31 @@ void launch_repack(cudaStream_t stream, const MatrixArg &in, bool transpose, voi
 
 // ---- launch helpers
 
+template <class T, int V> void launch_sparse_v(cudaStream_t stream, const SparseArgs<T> &a, int warps) {
+    const int threads = 32 * warps;
+    const size_t smem = kStages * sparse_stage_bytes<T>(a.dp, a.gated, threads);
+    if (smem > 48 * 1024)
+        check(cudaFuncSetAttribute(sparse_ffn<T, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+              "cudaFuncSetAttribute");
+    const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>(a.splits));
+    sparse_ffn<T, V><<<grid, threads, smem, stream>>>(a);
+    check_launch("sparse_ffn");
+}
+
 template <class T> void launch_sparse(cudaStream_t stream, const SparseArgs<T> &a) {
     constexpr int E = Chunk<T>::n;
     const int64_t per_warp_max = 8 * 32 * E;  // elements a warp covers with V = 8
     const int warps = std::max(1, ceil_div(a.dp, per_warp_max));
     if (warps > 4) fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports D up to %lld", static_cast<long long>(4 * per_warp_max));
     const int v_needed = ceil_div(a.dp, static_cast<int64_t>(warps) * 32 * E);
-    const int tokens = warps == 1 ? 4 : 1;
-    const dim3 block(32 * warps, tokens);
-    const dim3 grid(static_cast<unsigned>(ceil_div(a.m, tokens)), static_cast<unsigned>(a.splits));
     if (v_needed <= 1)
-        sparse_ffn<T, 1><<<grid, block, 0, stream>>>(a);
+        launch_sparse_v<T, 1>(stream, a, warps);
     else if (v_needed <= 2)
-        sparse_ffn<T, 2><<<grid, block, 0, stream>>>(a);
+        launch_sparse_v<T, 2>(stream, a, warps);
     else if (v_needed <= 4)
-        sparse_ffn<T, 4><<<grid, block, 0, stream>>>(a);
+        launch_sparse_v<T, 4>(stream, a, warps);
     else
-        sparse_ffn<T, 8><<<grid, block, 0, stream>>>(a);
-    check_launch("sparse_ffn");
+        launch_sparse_v<T, 8>(stream, a, warps);
 }
 
 template <class T, class TA, Epilogue EPI>
