@@ -18,6 +18,13 @@
 
 #include "testing/problem.hpp"
 
+#ifdef TWBLAS_DEMO_CUDA
+#include <cuda_runtime.h>
+
+#include "../bench/baselines.hpp"
+#include "device/lt_gemm.hpp"
+#endif
+
 namespace tt = twblas::testing;
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
@@ -108,6 +115,174 @@ RowMatrix as_matrix(const std::vector<float> &v, int64_t rows, int64_t cols) {
     return Eigen::Map<const RowMatrix>(v.data(), rows, cols);
 }
 
+#ifdef TWBLAS_DEMO_CUDA
+#define CUDA_DEMO_CHECK(call)                                                                       \
+    do {                                                                                           \
+        const cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) {                                                                   \
+            std::fprintf(stderr, "twblas-demo: %s failed: %s\n", #call, cudaGetErrorString(e_));   \
+            std::exit(1);                                                                          \
+        }                                                                                          \
+    } while (0)
+
+/// Median of `reps` CUDA-event timings of f() on `stream`, after one untimed run.
+template <class F> double median_gpu_ms(int reps, cudaStream_t stream, F &&f) {
+    cudaEvent_t a, b;
+    CUDA_DEMO_CHECK(cudaEventCreate(&a));
+    CUDA_DEMO_CHECK(cudaEventCreate(&b));
+    f();
+    std::vector<double> t;
+    for (int i = 0; i < std::max(reps, 1); ++i) {
+        CUDA_DEMO_CHECK(cudaEventRecord(a, stream));
+        f();
+        CUDA_DEMO_CHECK(cudaEventRecord(b, stream));
+        CUDA_DEMO_CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        CUDA_DEMO_CHECK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+void *to_device(const void *host, size_t bytes) {
+    void *p = nullptr;
+    CUDA_DEMO_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+    if (bytes) CUDA_DEMO_CHECK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    return p;
+}
+
+/// The GPU demo: twSpGEMMFused against the dense cuBLAS FFN a user has today (one GEMM over
+/// [Wg; Wu], ReLU * product, the down GEMM), both on the same device data, and the result
+/// checked against a dense fp32 FFN on the CPU over the first rows.
+int gpu_demo(const Options &o, twHandle_t h, const tt::FfnProblem &p, const tt::ActivationStats &stats) {
+    using twblas::cuda::GemmOperand;
+    using twblas::cuda::GemmOutput;
+    using twblas::cuda::GemmRunner;
+    const int64_t m = o.tokens, d = o.d, hd = o.h;
+    cudaStream_t stream;
+    CUDA_DEMO_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    DEMO_CHECK(h, twSetStream(h, stream));
+    const std::vector<uint16_t> x16 = tt::to_bf16(p.x);
+    std::vector<uint16_t> gu16 = o.gated ? tt::to_bf16(p.w_gate) : std::vector<uint16_t>();
+    const std::vector<uint16_t> u16 = tt::to_bf16(p.w_up), wd_rows = tt::to_bf16(p.w_down);
+    gu16.insert(gu16.end(), u16.begin(), u16.end());
+    std::vector<uint16_t> wd_lin(wd_rows.size());  // nn.Linear's down_proj.weight: D x H
+    for (int64_t j = 0; j < hd; ++j)
+        for (int64_t c = 0; c < d; ++c) wd_lin[c * hd + j] = wd_rows[j * d + c];
+    auto *dx = static_cast<uint16_t *>(to_device(x16.data(), x16.size() * 2));
+    auto *dgu = static_cast<uint16_t *>(to_device(gu16.data(), gu16.size() * 2));
+    auto *dwd = static_cast<uint16_t *>(to_device(wd_lin.data(), wd_lin.size() * 2));
+    auto *dy = static_cast<uint16_t *>(to_device(nullptr, static_cast<size_t>(m * d) * 2));
+    twDnMatDescr_t X, Y, WG = nullptr, WU, WD;
+    DEMO_CHECK(h, twCreateDnMat(&X, m, d, d, dx, TW_R_16BF, TW_ORDER_ROW));
+    DEMO_CHECK(h, twCreateDnMat(&Y, m, d, d, dy, TW_R_16BF, TW_ORDER_ROW));
+    if (o.gated) DEMO_CHECK(h, twCreateDnMat(&WG, hd, d, d, dgu, TW_R_16BF, TW_ORDER_ROW));
+    DEMO_CHECK(h, twCreateDnMat(&WU, hd, d, d, dgu + (o.gated ? hd * d : 0), TW_R_16BF, TW_ORDER_ROW));
+    DEMO_CHECK(h, twCreateDnMat(&WD, hd, d, hd, dwd, TW_R_16BF, TW_ORDER_COL));
+    twFfnDescr_t ffn = nullptr;
+    DEMO_CHECK(h, twCreateFfn(h, &ffn, o.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD));
+    size_t bytes = 0;
+    DEMO_CHECK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y, &bytes));
+    void *ws = to_device(nullptr, bytes);
+    twFfnStats_t st;
+    // the first forward's statistics steer the path of the next ones (sparse or dense mode)
+    DEMO_CHECK(h, twSpGEMMFused(h, ffn, X, Y, nullptr, ws));
+    DEMO_CHECK(h, twFfnGetStats(h, ffn, &st));
+    const double t_sparse = median_gpu_ms(o.reps, stream, [&] { DEMO_CHECK(h, twSpGEMMFused(h, ffn, X, Y, nullptr, ws)); });
+    DEMO_CHECK(h, twFfnGetStats(h, ffn, &st));
+    std::vector<uint16_t> y16(static_cast<size_t>(m * d));
+    CUDA_DEMO_CHECK(cudaMemcpy(y16.data(), dy, y16.size() * 2, cudaMemcpyDeviceToHost));
+
+    // dense cuBLAS FFN on the same device data
+    GemmRunner gemm;
+    void *lt = to_device(nullptr, GemmRunner::kWorkspaceBytes);
+    const int64_t n1 = o.gated ? 2 * hd : hd;
+    void *gu_out = to_device(nullptr, static_cast<size_t>(m * n1) * 2);
+    void *hbuf = to_device(nullptr, static_cast<size_t>(m * hd) * 2);
+    void *yd = to_device(nullptr, static_cast<size_t>(m * d) * 2);
+    const double t_dense = median_gpu_ms(o.reps, stream, [&] {
+        gemm.run(stream, 1.0f, GemmOperand{dx, m, d, d, TW_ORDER_ROW, TW_R_16BF}, GemmOperand{dgu, n1, d, d, TW_ORDER_ROW, TW_R_16BF},
+                 GemmOutput{gu_out, n1, TW_R_16BF}, lt, GemmRunner::kWorkspaceBytes);
+        if (o.gated) {
+            twbench::relu_mul(stream, gu_out, m, hd, hbuf);
+        } else {
+            CUDA_DEMO_CHECK(cudaMemcpyAsync(hbuf, gu_out, static_cast<size_t>(m * hd) * 2, cudaMemcpyDeviceToDevice, stream));
+            twbench::relu_inplace(stream, hbuf, m * hd);
+        }
+        gemm.run(stream, 1.0f, GemmOperand{hbuf, m, hd, hd, TW_ORDER_ROW, TW_R_16BF},
+                 GemmOperand{dwd, d, hd, hd, TW_ORDER_ROW, TW_R_16BF}, GemmOutput{yd, d, TW_R_16BF}, lt,
+                 GemmRunner::kWorkspaceBytes);
+    });
+
+    // accuracy: the first rows against a dense fp32 FFN on the CPU
+    const int64_t rows = std::min<int64_t>(m, 512);
+    const RowMatrix xf = Eigen::Map<const RowMatrix>(p.x.data(), rows, d), wuf = as_matrix(p.w_up, hd, d),
+                    wdf = as_matrix(p.w_down, hd, d);
+    RowMatrix g = xf * (o.gated ? as_matrix(p.w_gate, hd, d) : wuf).transpose();
+    if (o.gated) {
+        const RowMatrix u = xf * wuf.transpose();
+        g = g.cwiseMax(0.0f).cwiseProduct(u);
+    } else {
+        g = g.cwiseMax(0.0f);
+    }
+    const RowMatrix yref = g * wdf;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < rows * d; ++i) {
+        const uint32_t b = static_cast<uint32_t>(y16[static_cast<size_t>(i)]) << 16;
+        float v;
+        std::memcpy(&v, &b, 4);
+        const double want = yref(i / d, i % d);
+        num += (v - want) * (v - want);
+        den += want * want;
+    }
+    const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    const bool ok = rel < 2e-2;
+
+    cudaDeviceProp prop{};
+    int dev = 0;
+    CUDA_DEMO_CHECK(cudaGetDevice(&dev));
+    CUDA_DEMO_CHECK(cudaGetDeviceProperties(&prop, dev));
+    std::printf("\n  activation statistics (measured on the generated problem)\n");
+    std::printf("    %s\n", tt::describe(stats).c_str());
+    std::printf("    twFfnGetStats: mean %.2f, max %lld, overflow rows (exact dense path) %lld, L1 %.4f\n", st.meanRowNnz,
+                (long long)st.maxRowNnz, (long long)st.overflowRows, st.l1);
+    std::printf("\n  on %s: %-34s %12s\n", prop.name, "path", "median ms");
+    std::printf("  %-42s %12.3f\n", "twSpGEMMFused (CUDA)", t_sparse);
+    std::printf("  %-42s %12.3f\n", "dense cuBLAS FFN, same GPU", t_dense);
+    std::printf("  speedup over the dense path: %.2fx (%d timed runs each, CUDA events)\n", t_dense / t_sparse, o.reps);
+    std::printf("  check of the first %lld rows against a dense fp32 FFN: normwise relative error %.2e (bound 2e-2) %s\n",
+                (long long)rows, rel, ok ? "OK" : "FAILED");
+    if (!o.json.empty()) {
+        FILE *f = std::fopen(o.json.c_str(), "w");
+        if (f) {
+            std::fprintf(f,
+                         "{\n  \"tool\": \"twblas-demo\",\n  \"backend\": \"cuda\",\n  \"gpu\": \"%s\",\n  \"kind\": \"%s\",\n"
+                         "  \"tokens\": %lld, \"d\": %lld, \"h\": %lld, \"profile\": \"%s\", \"k\": %g, \"seed\": %llu,\n"
+                         "  \"mean_row_nnz\": %.4f, \"max_row_nnz\": %lld, \"overflow_rows\": %lld,\n"
+                         "  \"sparse_ms\": %.4f, \"dense_cublas_ms\": %.4f, \"speedup_vs_dense\": %.4f, \"reps\": %d,\n"
+                         "  \"rel_error_vs_fp32_first_rows\": %.3e, \"ok\": %s\n}\n",
+                         prop.name, o.gated ? "gated" : "plain", (long long)m, (long long)d, (long long)hd,
+                         tt::profile_name(o.profile), o.k, (unsigned long long)o.seed, st.meanRowNnz,
+                         (long long)st.maxRowNnz, (long long)st.overflowRows, t_sparse, t_dense, t_dense / t_sparse,
+                         o.reps, rel, ok ? "true" : "false");
+            std::fclose(f);
+        }
+    }
+    twDestroyFfn(ffn);
+    for (twDnMatDescr_t dd : {X, Y, WG, WU, WD}) twDestroyDnMat(dd);
+    for (void *q : {static_cast<void *>(dx), static_cast<void *>(dgu), static_cast<void *>(dwd), static_cast<void *>(dy), ws, lt,
+                    gu_out, hbuf, yd})
+        cudaFree(q);
+    DEMO_CHECK(h, twSetStream(h, nullptr));
+    cudaStreamDestroy(stream);
+    twDestroy(h);
+    return ok ? 0 : 1;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -135,6 +310,9 @@ int main(int argc, char **argv) {
                 o.gated ? "gated" : "plain", (long long)o.tokens, (long long)o.d, (long long)o.h,
                 tt::profile_name(o.profile), o.k, (unsigned long long)o.seed);
     std::printf("  problem generated in %.2f s\n", seconds_since(t0));
+#ifdef TWBLAS_DEMO_CUDA
+    if (backend == TW_BACKEND_CUDA) return gpu_demo(o, h, p, stats);
+#endif
 
     // bf16 operands; Wd as nn.Linear's down_proj.weight (TW_ORDER_COL of the logical H x D)
     const std::vector<uint16_t> x16 = tt::to_bf16(p.x), wg16 = tt::to_bf16(p.w_gate), wu16 = tt::to_bf16(p.w_up);
@@ -151,16 +329,7 @@ int main(int argc, char **argv) {
     DEMO_CHECK(h, twCreateDnMat(&WD, o.h, o.d, o.h, wd16.data(), TW_R_16BF, TW_ORDER_COL));
     twFfnDescr_t ffn = nullptr;
     const twStatus_t created = twCreateFfn(h, &ffn, o.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD);
-    if (created == TW_STATUS_NOT_SUPPORTED && backend == TW_BACKEND_CUDA && o.backend == "default") {
-        // the CUDA kernels are not built yet: say so and run on the CPU reference instead
-        std::printf("  CUDA backend: %s\n  falling back to the CPU reference backend\n", twGetErrorMessage(h));
-        twDestroy(h);
-        DEMO_CHECK(nullptr, twCreateWithBackend(&h, TW_BACKEND_CPU));
-        backend = TW_BACKEND_CPU;
-        DEMO_CHECK(h, twCreateFfn(h, &ffn, o.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD));
-    } else {
-        DEMO_CHECK(h, created);
-    }
+    DEMO_CHECK(h, created);
     size_t bytes = 0;
     DEMO_CHECK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y, &bytes));
     std::vector<uint8_t> workspace(bytes);

@@ -104,10 +104,10 @@ template <class T> __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> 
         if (cl < a.ldg) {  // ldg is a multiple of 8: whole 16-byte chunks
             if (a.gate_f32) {
                 const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(a.gate) + row * a.ldg + cl);
-                const float4 q0 = p[0], q1 = p[1];
+                const float4 q0 = __ldcs(p), q1 = __ldcs(p + 1);
                 v[0] = q0.x, v[1] = q0.y, v[2] = q0.z, v[3] = q0.w, v[4] = q1.x, v[5] = q1.y, v[6] = q1.z, v[7] = q1.w;
             } else {
-                const uint4 q = *reinterpret_cast<const uint4 *>(static_cast<const T *>(a.gate) + row * a.ldg + cl);
+                const uint4 q = __ldcs(reinterpret_cast<const uint4 *>(static_cast<const T *>(a.gate) + row * a.ldg + cl));
                 for (int i = 0; i < 8; ++i) v[i] = Chunk<T>::get(q, i);
             }
         }
@@ -193,9 +193,17 @@ template <class T> struct SparseArgs {
 // Asynchronous copies (cp.async): a unit's rows stream into shared memory two units ahead of
 // the one being computed, without holding registers. Each thread copies exactly the 16-byte
 // chunks it later reads (and its own copy of the unit's gate word), so no barrier is needed.
-__device__ inline void cp_async16(void *dst, const void *src) {
+// The weights (Wu_j, Wd_j pairs: 46 MB at the paper's shape) are re-read by every token that
+// uses the unit: they are kept in L2 (evict_last), while X and the gate stream past
+// (evict_first), so the 184 MB gate buffer does not flush them.
+__device__ inline uint64_t l2_keep_policy() {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+__device__ inline void cp_async16(void *dst, const void *src, uint64_t policy) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "l"(policy));
 }
 __device__ inline void cp_async4(void *dst, const void *src) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -230,7 +238,7 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
     for (int c = 0; c < V; ++c) {
         const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
         if (k0 < a.dp && a.x_vec) {
-            xc[c] = *reinterpret_cast<const uint4 *>(a.x + row * a.x_rs + k0);
+            xc[c] = __ldcs(reinterpret_cast<const uint4 *>(a.x + row * a.x_rs + k0));
         } else {
             T tmp[E];
             for (int i = 0; i < E; ++i)
@@ -253,6 +261,7 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
     const size_t stage_bytes = sparse_stage_bytes<T>(a.dp, a.gated, team_threads);
     char *ring = reinterpret_cast<char *>(dyn_smem);
     const uint16_t *list = a.idx + row * a.cap;
+    const uint64_t keep = l2_keep_policy();
     auto issue = [&](int k) {
         if (k < mine) {
             const int col = list[split + k * splits];
@@ -263,8 +272,8 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
             for (int c = 0; c < V; ++c) {
                 const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
                 if (k0 < a.dp) {
-                    cp_async16(dst + k0, src + k0);
-                    if (a.gated) cp_async16(dst + a.dp + k0, src + a.dp + k0);
+                    cp_async16(dst + k0, src + k0, keep);
+                    if (a.gated) cp_async16(dst + a.dp + k0, src + a.dp + k0, keep);
                 }
             }
             // the 4-byte word holding this unit's gate value (16-bit gates: an aligned pair)
