@@ -150,7 +150,7 @@ template <class F> double median_gpu_ms(int reps, cudaStream_t stream, F &&f) {
 void *to_device(const void *host, size_t bytes) {
     void *p = nullptr;
     CUDA_DEMO_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
-    if (bytes) CUDA_DEMO_CHECK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    if (host && bytes) CUDA_DEMO_CHECK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
     return p;
 }
 
