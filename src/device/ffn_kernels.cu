@@ -188,10 +188,16 @@ template <class T> struct SparseArgs {
     float *row_l1;
     int splits;      // > 1: the units of a token are dealt round-robin to `splits` teams, which
     float *partial;  // write fp32 partial rows [split][m][dp] and l1 [split][m] for reduce_splits
+    // Phases (large M, splits == 1): one launch per range [unit_lo, unit_hi) of units, so that the
+    // weight rows in use fit in L2; y accumulates in fp32 rows between launches (acc_in, acc_out)
+    // in the same order as one pass, so the result does not depend on the phase count.
+    int unit_lo, unit_hi, h_units;
+    const float *acc_in;
+    float *acc_out;
 };
 
-// Asynchronous copies (cp.async): a unit's rows stream into shared memory two units ahead of
-// the one being computed, without holding registers. Each thread copies exactly the 16-byte
+// Asynchronous copies (cp.async): a unit's rows stream into shared memory kStages - 1 units
+// ahead of the one being computed, without holding registers. Each thread copies exactly the 16-byte
 // chunks it later reads (and its own copy of the unit's gate word), so no barrier is needed.
 // The weights (Wu_j, Wd_j pairs: 46 MB at the paper's shape) are re-read by every token that
 // uses the unit: they are kept in L2 (evict_last), while X and the gate stream past
@@ -212,7 +218,7 @@ __device__ inline void cp_async4(void *dst, const void *src) {
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-constexpr int kStages = 3;  // units in shared memory per team: the current one and two ahead
+constexpr int kStages = 2;  // units in shared memory per team: the current one and one ahead
 
 /// Shared memory of one team: kStages x ([Wu_j | Wd_j] or [Wd_j], dp elements each, then one
 /// 4-byte gate word per thread).
@@ -252,19 +258,57 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
 #pragma unroll
         for (int i = 0; i < E; ++i) acc[c][i] = 0.0f;
     float l1 = 0.0f;
+    if (a.acc_in) {
+        const float *in = a.acc_in + row * a.dp;
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+            const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
+            if (k0 >= a.dp) continue;
+#pragma unroll
+            for (int e = 0; e < E; e += 4) {
+                const float4 q = __ldcs(reinterpret_cast<const float4 *>(in + k0 + e));
+                acc[c][e] = q.x, acc[c][e + 1] = q.y, acc[c][e + 2] = q.z, acc[c][e + 3] = q.w;
+            }
+        }
+        l1 = a.row_l1[row];
+    }
     int parity = 0;
 
     // this team's units: s, s + S, s + 2S, ... of the row's list (S = splits)
     const int split = static_cast<int>(blockIdx.y), splits = a.splits;
-    const int mine = n > split ? (n - split + splits - 1) / splits : 0;
+    const uint16_t *list = a.idx + row * a.cap;
+    // this phase's entries: the sorted list's [first, last) with unit_lo <= col < unit_hi
+    int first = 0, last = n;
+    if (a.unit_lo > 0 || a.unit_hi < a.h_units) {
+        int below_lo = 0, below_hi = 0;
+        for (int i = t; i < n; i += team_threads) {
+            const int col = list[i];
+            below_lo += col < a.unit_lo;
+            below_hi += col < a.unit_hi;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            below_lo += __shfl_xor_sync(kFull, below_lo, o);
+            below_hi += __shfl_xor_sync(kFull, below_hi, o);
+        }
+        if (warps > 1) {  // phases run with one warp per team at the shapes that use them; stay exact anyway
+            __shared__ int counts[2][4];
+            if (lane == 0) counts[0][warp] = below_lo, counts[1][warp] = below_hi;
+            __syncthreads();
+            below_lo = below_hi = 0;
+            for (int ww = 0; ww < warps; ++ww) below_lo += counts[0][ww], below_hi += counts[1][ww];
+        }
+        first = below_lo;
+        last = below_hi;
+    }
+    const int span = last - first;
+    const int mine = span > split ? (span - split + splits - 1) / splits : 0;
     const int64_t weights = (a.gated ? 2 : 1) * a.dp;
     const size_t stage_bytes = sparse_stage_bytes<T>(a.dp, a.gated, team_threads);
     char *ring = reinterpret_cast<char *>(dyn_smem);
-    const uint16_t *list = a.idx + row * a.cap;
     const uint64_t keep = l2_keep_policy();
     auto issue = [&](int k) {
         if (k < mine) {
-            const int col = list[split + k * splits];
+            const int col = list[first + split + k * splits];
             char *stage = ring + static_cast<size_t>(k % kStages) * stage_bytes;
             T *dst = reinterpret_cast<T *>(stage);
             const T *src = a.pair + col * a.pair_stride;
@@ -284,16 +328,15 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
         }
         cp_async_commit();  // one group per unit slot, empty past the end: uniform counting
     };
-    issue(0);
-    issue(1);
+    for (int k = 0; k < kStages - 1; ++k) issue(k);
     for (int k = 0; k < mine; ++k) {
-        issue(k + 2);
+        issue(k + kStages - 1);
         cp_async_wait<kStages - 1>();  // unit k has landed (this thread's copies)
         const char *stage = ring + static_cast<size_t>(k % kStages) * stage_bytes;
         const T *w = reinterpret_cast<const T *>(stage);
         const uint32_t gword = *reinterpret_cast<const uint32_t *>(reinterpret_cast<const char *>(w + weights) + t * 4);
         float g;
-        const int col = list[split + k * splits];
+        const int col = list[first + split + k * splits];
         if (a.gate_f32) {
             g = __uint_as_float(gword);
         } else {
@@ -302,16 +345,23 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
         }
         float h = g;
         if (a.gated) {
-            float dot = 0.0f;
+            // E independent partial sums: a single chain of V * E dependent FMAs was the
+            // kernel's main stall (ncu: "wait" 39 %, 2 warps per scheduler)
+            float part[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) part[e] = 0.0f;
 #pragma unroll
             for (int c = 0; c < V; ++c) {
                 const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
                 if (k0 < a.dp) {
                     const uint4 wu = *reinterpret_cast<const uint4 *>(w + k0);
 #pragma unroll
-                    for (int e = 0; e < E; ++e) dot = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(wu, e), dot);
+                    for (int e = 0; e < E; ++e) part[e] = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(wu, e), part[e]);
                 }
             }
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) dot += part[e];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(kFull, dot, o);
             if (warps > 1) {
@@ -339,6 +389,19 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
     }
     cp_async_wait<0>();
 
+    if (a.acc_out) {
+        float *out = a.acc_out + row * a.dp;
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+            const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
+            if (k0 >= a.dp) continue;
+#pragma unroll
+            for (int e = 0; e < E; e += 4)
+                __stcs(reinterpret_cast<float4 *>(out + k0 + e), make_float4(acc[c][e], acc[c][e + 1], acc[c][e + 2], acc[c][e + 3]));
+        }
+        if (t == 0) a.row_l1[row] = l1;
+        return;
+    }
     if (a.splits > 1) {
         float *part = a.partial + (static_cast<int64_t>(blockIdx.y) * a.m + row) * a.dp;
 #pragma unroll
@@ -757,8 +820,15 @@ void sparse_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, 
     };
     SparseArgs<T> sp{static_cast<const T *>(x.ptr), x.rs, x.cs, aligned(x), static_cast<T *>(y.ptr), y.rs, y.cs,
                      aligned(y), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, s.gate, s.ldg,
-                     gate_f32, p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1, s.splits, s.partial};
-    launch_sparse<T>(stream, sp);
+                     gate_f32, p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1, s.splits, s.partial,
+                     0, static_cast<int>(p.h), static_cast<int>(p.h), nullptr, nullptr};
+    for (int ph = 0; ph < s.phases; ++ph) {
+        sp.unit_lo = static_cast<int>(p.h * ph / s.phases);
+        sp.unit_hi = static_cast<int>(p.h * (ph + 1) / s.phases);
+        sp.acc_in = ph > 0 ? s.partial : nullptr;
+        sp.acc_out = ph + 1 < s.phases ? s.partial : nullptr;
+        launch_sparse<T>(stream, sp);
+    }
     if (s.splits > 1) {
         reduce_splits<T><<<std::max(1, std::min(1024, ceil_div(p.m * p.d, 256))), 256, 0, stream>>>(
             s.partial, s.splits, p.m, p.d, p.dp, s.count, static_cast<T *>(y.ptr), y.rs, y.cs, s.row_l1);
@@ -844,7 +914,12 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
     s.dense_rows = c.take<int32_t>(static_cast<size_t>(p.m));
     s.writer_flags = c.take<int32_t>(static_cast<size_t>(p.m) + 64);
     s.splits = ffn_splits(p.m);
-    s.partial = s.splits > 1 ? c.take<float>(static_cast<size_t>(s.splits * p.m * (p.dp + 1))) : nullptr;
+    // phases: keep the weight rows one launch reads within about half of the 50 MB L2 of an
+    // H100 (its two partitions each hold ~25 MB); only with one team per token
+    const int64_t pair_bytes = p.h * (p.gated ? 2 : 1) * p.dp * static_cast<int64_t>(elem_bytes(p.type));
+    s.phases = s.splits == 1 ? static_cast<int>(std::min<int64_t>(8, std::max<int64_t>(1, (pair_bytes + (24 << 20) - 1) / (24 << 20)))) : 1;
+    const int64_t partial_floats = s.splits > 1 ? s.splits * p.m * (p.dp + 1) : s.phases > 1 ? p.m * p.dp : 0;
+    s.partial = partial_floats ? c.take<float>(static_cast<size_t>(partial_floats)) : nullptr;
     if (bytes) *bytes = c.used();
     return s;
 }
