@@ -412,21 +412,6 @@ TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the refer
     CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(1e-6));
 }
 
-TEST_CASE("CUDA FFN: weights larger than half the L2 run in unit-range phases", "[cuda][ffn]") {
-    REQUIRE_GPU();
-    // [Wu_j | Wd_j] rows of 3000 units at D = 2048 in bf16: 24.6 MB, two phases at M >= 512
-    for (int hidden : {0, 1}) {
-        FfnCase c;
-        c.m = 600;
-        c.d = 2048;
-        c.h = 3000;
-        c.k = 40;
-        c.profile = tt::Profile::Heavy;
-        c.hidden = hidden;
-        check_against_reference(c);
-    }
-}
-
 TEST_CASE("CUDA FFN: odd shapes and layouts", "[cuda][ffn]") {
     REQUIRE_GPU();
     struct Shape {

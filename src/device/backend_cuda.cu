@@ -204,9 +204,9 @@ class CudaBackend final : public Backend {
                                          const twDnMatDescr &wd) override {
         auto st = std::make_unique<CudaFfnState>();
         const cuda::FfnProblem p = problem_of(ffn, 0);
-        if (p.dp > 32 * 8 * 4 * (p.type == TW_R_32F ? 4 : 8))
+        if (p.dp > 8 * 32 * 4 * (p.type == TW_R_32F ? 4 : 8))
             fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports a model dimension up to %d for this type; D = %lld",
-                 32 * 8 * 4 * (p.type == TW_R_32F ? 4 : 8), static_cast<long long>(p.d));
+                 8 * 32 * 4 * (p.type == TW_R_32F ? 4 : 8), static_cast<long long>(p.d));
         const size_t eb = cuda::elem_bytes(p.type);
         st->gate.reset(static_cast<size_t>(p.h * p.dp) * eb);
         st->pair.reset(static_cast<size_t>(p.h * p.dp * (p.gated ? 2 : 1)) * eb);

@@ -188,12 +188,6 @@ template <class T> struct SparseArgs {
     float *row_l1;
     int splits;      // > 1: the units of a token are dealt round-robin to `splits` teams, which
     float *partial;  // write fp32 partial rows [split][m][dp] and l1 [split][m] for reduce_splits
-    // Phases (large M, splits == 1): one launch per range [unit_lo, unit_hi) of units, so that the
-    // weight rows in use fit in L2; y accumulates in fp32 rows between launches (acc_in, acc_out)
-    // in the same order as one pass, so the result does not depend on the phase count.
-    int unit_lo, unit_hi, h_units;
-    const float *acc_in;
-    float *acc_out;
 };
 
 // Asynchronous copies (cp.async): a unit's rows stream into shared memory kStages - 1 units
@@ -258,49 +252,13 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
 #pragma unroll
         for (int i = 0; i < E; ++i) acc[c][i] = 0.0f;
     float l1 = 0.0f;
-    if (a.acc_in) {
-        const float *in = a.acc_in + row * a.dp;
-#pragma unroll
-        for (int c = 0; c < V; ++c) {
-            const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
-            if (k0 >= a.dp) continue;
-#pragma unroll
-            for (int e = 0; e < E; e += 4) {
-                const float4 q = __ldcs(reinterpret_cast<const float4 *>(in + k0 + e));
-                acc[c][e] = q.x, acc[c][e + 1] = q.y, acc[c][e + 2] = q.z, acc[c][e + 3] = q.w;
-            }
-        }
-        l1 = a.row_l1[row];
-    }
     int parity = 0;
 
     // this team's units: s, s + S, s + 2S, ... of the row's list (S = splits)
     const int split = static_cast<int>(blockIdx.y), splits = a.splits;
     const uint16_t *list = a.idx + row * a.cap;
-    // this phase's entries: the sorted list's [first, last) with unit_lo <= col < unit_hi
-    int first = 0, last = n;
-    if (a.unit_lo > 0 || a.unit_hi < a.h_units) {
-        int below_lo = 0, below_hi = 0;
-        for (int i = t; i < n; i += team_threads) {
-            const int col = list[i];
-            below_lo += col < a.unit_lo;
-            below_hi += col < a.unit_hi;
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            below_lo += __shfl_xor_sync(kFull, below_lo, o);
-            below_hi += __shfl_xor_sync(kFull, below_hi, o);
-        }
-        if (warps > 1) {  // phases run with one warp per team at the shapes that use them; stay exact anyway
-            __shared__ int counts[2][4];
-            if (lane == 0) counts[0][warp] = below_lo, counts[1][warp] = below_hi;
-            __syncthreads();
-            below_lo = below_hi = 0;
-            for (int ww = 0; ww < warps; ++ww) below_lo += counts[0][ww], below_hi += counts[1][ww];
-        }
-        first = below_lo;
-        last = below_hi;
-    }
-    const int span = last - first;
+    const int span = n;
+    const int first = 0;
     const int mine = span > split ? (span - split + splits - 1) / splits : 0;
     const int64_t weights = (a.gated ? 2 : 1) * a.dp;
     const size_t stage_bytes = sparse_stage_bytes<T>(a.dp, a.gated, team_threads);
@@ -389,19 +347,6 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
     }
     cp_async_wait<0>();
 
-    if (a.acc_out) {
-        float *out = a.acc_out + row * a.dp;
-#pragma unroll
-        for (int c = 0; c < V; ++c) {
-            const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
-            if (k0 >= a.dp) continue;
-#pragma unroll
-            for (int e = 0; e < E; e += 4)
-                __stcs(reinterpret_cast<float4 *>(out + k0 + e), make_float4(acc[c][e], acc[c][e + 1], acc[c][e + 2], acc[c][e + 3]));
-        }
-        if (t == 0) a.row_l1[row] = l1;
-        return;
-    }
     if (a.splits > 1) {
         float *part = a.partial + (static_cast<int64_t>(blockIdx.y) * a.m + row) * a.dp;
 #pragma unroll
@@ -758,9 +703,13 @@ template <class T, int V> void launch_sparse_v(cudaStream_t stream, const Sparse
 
 template <class T> void launch_sparse(cudaStream_t stream, const SparseArgs<T> &a) {
     constexpr int E = Chunk<T>::n;
-    const int64_t per_warp_max = 8 * 32 * E;  // elements a warp covers with V = 8
+    // a warp covers up to 4 chunks of 16 bytes per lane (1024 bf16 values): wider rows take a
+    // team of warps, which keeps registers near 100 and occupancy up (the kernel is bound by
+    // instruction latency, not bandwidth: ncu at D = 2048 with one warp of 177 registers showed
+    // 7 warps per SM, stalls on dependent instructions)
+    const int64_t per_warp_max = 4 * 32 * E;
     const int warps = std::max(1, ceil_div(a.dp, per_warp_max));
-    if (warps > 4) fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports D up to %lld", static_cast<long long>(4 * per_warp_max));
+    if (warps > 8) fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports D up to %lld", static_cast<long long>(8 * per_warp_max));
     const int v_needed = ceil_div(a.dp, static_cast<int64_t>(warps) * 32 * E);
     if (v_needed <= 1)
         launch_sparse_v<T, 1>(stream, a, warps);
@@ -820,15 +769,8 @@ void sparse_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, 
     };
     SparseArgs<T> sp{static_cast<const T *>(x.ptr), x.rs, x.cs, aligned(x), static_cast<T *>(y.ptr), y.rs, y.cs,
                      aligned(y), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, s.gate, s.ldg,
-                     gate_f32, p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1, s.splits, s.partial,
-                     0, static_cast<int>(p.h), static_cast<int>(p.h), nullptr, nullptr};
-    for (int ph = 0; ph < s.phases; ++ph) {
-        sp.unit_lo = static_cast<int>(p.h * ph / s.phases);
-        sp.unit_hi = static_cast<int>(p.h * (ph + 1) / s.phases);
-        sp.acc_in = ph > 0 ? s.partial : nullptr;
-        sp.acc_out = ph + 1 < s.phases ? s.partial : nullptr;
-        launch_sparse<T>(stream, sp);
-    }
+                     gate_f32, p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1, s.splits, s.partial};
+    launch_sparse<T>(stream, sp);
     if (s.splits > 1) {
         reduce_splits<T><<<std::max(1, std::min(1024, ceil_div(p.m * p.d, 256))), 256, 0, stream>>>(
             s.partial, s.splits, p.m, p.d, p.dp, s.count, static_cast<T *>(y.ptr), y.rs, y.cs, s.row_l1);
@@ -914,12 +856,7 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
     s.dense_rows = c.take<int32_t>(static_cast<size_t>(p.m));
     s.writer_flags = c.take<int32_t>(static_cast<size_t>(p.m) + 64);
     s.splits = ffn_splits(p.m);
-    // phases: keep the weight rows one launch reads within about half of the 50 MB L2 of an
-    // H100 (its two partitions each hold ~25 MB); only with one team per token
-    const int64_t pair_bytes = p.h * (p.gated ? 2 : 1) * p.dp * static_cast<int64_t>(elem_bytes(p.type));
-    s.phases = s.splits == 1 ? static_cast<int>(std::min<int64_t>(8, std::max<int64_t>(1, (pair_bytes + (24 << 20) - 1) / (24 << 20)))) : 1;
-    const int64_t partial_floats = s.splits > 1 ? s.splits * p.m * (p.dp + 1) : s.phases > 1 ? p.m * p.dp : 0;
-    s.partial = partial_floats ? c.take<float>(static_cast<size_t>(partial_floats)) : nullptr;
+    s.partial = s.splits > 1 ? c.take<float>(static_cast<size_t>(s.splits * p.m * (p.dp + 1))) : nullptr;
     if (bytes) *bytes = c.used();
     return s;
 }

@@ -82,9 +82,7 @@ struct FfnScratch {
     int32_t *dense_rows;    // M
     int32_t *writer_flags;  // M (hidden output)
     int splits;             // teams per token (small M), see ffn_splits
-    int phases;             // launches over unit ranges (large M), so each one's weights fit in L2
-    float *partial;         // splits x M x dp partial rows, then splits x M l1 (splits > 1), or
-                            // the M x dp fp32 accumulators carried between phases
+    float *partial;         // splits x M x dp partial rows, then splits x M l1 (splits > 1)
 };
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
 int ffn_splits(int64_t m);
