@@ -4,7 +4,7 @@
 # Environment: TW_STAGES (default "tests sanitize bench demo"), TW_SUITE (bench suite, default
 # full), TW_BENCH_FILTER (Google Benchmark filter). Reports the GPU, runs every test binary
 # (CTest files hold this machine's absolute paths, so the binaries are run directly), the CUDA
-# tests again under compute-sanitizer (memcheck on the small cases, racecheck on one), the
+# tests again under compute-sanitizer (memcheck on all, racecheck on the shared-memory users), the
 # benchmark suite (JSON), then the demo. Logs go to $OUT (or ./gpu-out without it).
 set -uo pipefail
 build=${1:-build}
@@ -38,10 +38,10 @@ fi
 
 if [[ $stages == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
   t="$build/tests/test_cuda_backend"
-  compute-sanitizer --tool memcheck --error-exitcode 1 "$t" \
-    "CUDA FFN: small-integer*,CUDA building blocks*,CUDA FFN: odd shapes*,CUDA FFN: M = 0*" >"$out/memcheck.log" 2>&1
+  compute-sanitizer --tool memcheck --error-exitcode 1 "$t" >"$out/memcheck.log" 2>&1
   rc=$?; record "memcheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/memcheck.log"
-  compute-sanitizer --tool racecheck --error-exitcode 1 "$t" "CUDA FFN: heavy rows*" >"$out/racecheck.log" 2>&1
+  compute-sanitizer --tool racecheck --error-exitcode 1 "$t" "CUDA FFN: heavy rows*,CUDA FFN: deterministic*,CUDA building blocks*" \
+    >"$out/racecheck.log" 2>&1
   rc=$?; record "racecheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/racecheck.log"
 fi
 
