@@ -53,10 +53,15 @@ def table(context, rows):
                f"{context.get('cuda_runtime', '?')}, {context.get('date', '')}. bf16, medians of 5 "
                "repetitions, CUDA events, CUDA-graph replay, inputs rotated over 3 copies.")
     out.append("")
-    out.append("| D x H | profile | M | active/token (mean, max) | dense-path rows | twblas | dense cuBLAS | gate GEMM | "
+    out.append("| D x H | profile | M | active/token (mean, max) | tile-overflow rows | twblas | dense cuBLAS | gate GEMM | "
                "cuSPARSE* | vs dense | / gate | vs cuSPARSE | CPU twblas | CPU dense |")
     out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for (d, h, prof, m), v in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][2] != "uniform-29", kv[0][2], kv[0][3])):
+    def order(kv):
+        d, h, prof, m = kv[0]
+        family, k = prof.rsplit("-", 1)
+        return (d, prof != "uniform-29", family != "uniform", family, float(k), m)
+
+    for (d, h, prof, m), v in sorted(rows.items(), key=order):
         tw, de, ga, cs = (v.get(k, {}).get("ms") for k in ("twblas", "dense", "gate", "cusparse"))
         cpu_tw, cpu_de = (v.get(k, {}).get("ms") for k in ("cpu_twblas", "cpu_dense"))
         t = v.get("twblas", {})
@@ -65,11 +70,36 @@ def table(context, rows):
         out.append(f"| {d} x {h} | {prof} | {m} | {act} | {over} | {fmt_ms(tw)} | {fmt_ms(de)} | {fmt_ms(ga)} | "
                    f"{fmt_ms(cs)} | {fmt_ratio(ratio(de, tw))} | {fmt_ratio(ratio(tw, ga), '')} | "
                    f"{fmt_ratio(ratio(cs, tw))} | {fmt_ms(cpu_tw)} | {fmt_ms(cpu_de)} |")
+    be = break_even(rows)
+    if be:
+        out.append("")
+        out.append(f"Break-even (D = 2048, H = 5632, M = 16384, uniform-k): twblas is faster than the dense cuBLAS FFN "
+                   f"below about {be:.0f} active units per token ({100 * be / 5632:.1f} % of H), interpolated "
+                   "between the measured points; above it the path choice keeps it near the dense time.")
     out.append("")
     out.append("*cuSPARSE pipeline: cuBLAS gate+up GEMM, ReLU*product, cusparseDenseToSparse (CSR), "
                "cusparseSpMM. cuSPARSE SDDMM has no bf16, so its up projection is dense; dense -> CSR "
                "needs the nnz on the host (a synchronisation), so it is timed phase by phase, not in a graph.")
     return "\n".join(out)
+
+
+def uniform_points(rows):
+    pts = []
+    for (d, h, prof, m), v in rows.items():
+        if (d, h, m) == (2048, 5632, 16384) and prof.startswith("uniform") and "twblas" in v and "dense" in v:
+            pts.append((v["twblas"].get("mean_nnz", 0.0), v["dense"]["ms"] / v["twblas"]["ms"]))
+    return sorted(pts)
+
+
+def break_even(rows):
+    """Active units where the uniform-k speedup crosses 1 (log-linear interpolation)."""
+    import math
+    pts = uniform_points(rows)
+    for (k0, s0), (k1, s1) in zip(pts, pts[1:]):
+        if s0 >= 1.0 > s1:
+            f = (s0 - 1.0) / (s0 - s1)
+            return math.exp(math.log(k0) + f * (math.log(k1) - math.log(k0)))
+    return None
 
 
 def plot(rows, path):
@@ -91,7 +121,10 @@ def plot(rows, path):
     for p in pts:
         if not p[2].startswith("uniform"):
             ax.plot(p[0], p[1], "s", label=p[2])
-    ax.axhline(1.0, color="gray", ls="--", label="break-even (dense cuBLAS)")
+    ax.axhline(1.0, color="gray", ls="--", label="dense cuBLAS FFN")
+    be = break_even(rows)
+    if be:
+        ax.axvline(be, color="red", ls=":", label=f"break-even ~{be:.0f} active units")
     ax.set_xscale("log")
     ax.set_xlabel("measured active units per token (of H = 5632)")
     ax.set_ylabel("speedup over dense cuBLAS FFN")

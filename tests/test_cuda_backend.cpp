@@ -408,6 +408,8 @@ TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the refer
     const FfnResult gpu = run_ffn(c, data, TW_BACKEND_CUDA, 2, false, true);
     REQUIRE(cpu.stats.meanRowNnz > 300.0 / 128);
     REQUIRE(gpu.y_bits == cpu.y_bits);
+    // two forwards (sparse, then dense mode) on the GPU, one on the CPU
+    for (size_t j = 0; j < cpu.counts.size(); ++j) CHECK(gpu.counts[j] == 2 * cpu.counts[j]);
     CHECK(gpu.hidden_bits == cpu.hidden_bits);
     CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(1e-6));
 }

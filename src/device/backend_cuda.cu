@@ -245,7 +245,8 @@ class CudaBackend final : public Backend {
             if (p.gated)
                 gemm_.run(stream(), 1.0f, operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
                           {s.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
-            cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), false, true);
+            cuda::ffn_count_dense(stream(), p, s, st.counts.get<unsigned long long>());
+            cuda::ffn_pack(stream(), p, s, nullptr, false, true);
             gemm_.run(stream(), 1.0f, {s.gate, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
                       {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type},
                       s.lt_workspace, s.lt_bytes);

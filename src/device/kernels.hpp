@@ -101,6 +101,9 @@ void repack_weights(cudaStream_t stream, const FfnProblem &p, const MatrixArg *w
 /// X Wu^T of every row) it writes h over the gate values and each row's l1 instead of lists.
 void ffn_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
               bool zero_inactive, bool dense_mode);
+/// Dense mode: the per-unit activation counts, by columns of the gate (before ffn_pack, which
+/// then gets no counters).
+void ffn_count_dense(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts);
 /// Y for every row: sparse rows through the fused up/down kernel (h written over the gate
 /// buffer when `write_h`), rows on the dense path through gathered tensor-core GEMMs.
 /// Rows [0, first) of the dense list were done through cuBLAS (ffn_dense_*).
