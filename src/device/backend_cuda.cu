@@ -233,12 +233,20 @@ class CudaBackend final : public Backend {
         const cuda::FfnProblem p = problem_of(ffn, x.rows);
         const cuda::FfnScratch s = cuda::carve_ffn_scratch(workspace, p, nullptr);
         const twDataType_t gate_type = p.highest ? TW_R_32F : p.type;
+        const cuda::FfnWeights w{st.gate.get(), st.pair.get(), p.gated ? 2 * p.dp : p.dp, st.down_t.get()};
+        if (cuda::ffn_decode_applies(p)) {
+            // a few tokens: the whole forward in one kernel that streams the gate weights once
+            cuda::ffn_decode(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s,
+                             st.counts.get<unsigned long long>(), hidden != nullptr);
+            cuda::ffn_finish(stream(), p, s, true, 0, st.stats.get<cuda::FfnDeviceStats>(), hidden);
+            post_feedback(st);
+            return;
+        }
         const bool dense = choose_dense_mode(st, p, y, s);
         int64_t first_dense = 0;
         // the gate GEMM (cuBLASLt, tensor cores): z = X Wg^T, rounded to the gate type
         gemm_.run(stream(), 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
                   {s.gate, s.ldg, gate_type}, s.lt_workspace, s.lt_bytes);
-        const cuda::FfnWeights w{st.gate.get(), st.pair.get(), p.gated ? 2 * p.dp : p.dp, st.down_t.get()};
         if (dense) {
             // dense mode: the up projection of every row, h and the statistics in one pass over
             // the gate (ffn_pack), then the down projection

@@ -394,6 +394,183 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
     if (t == 0) a.row_l1[row] = l1;
 }
 
+// ---- decode (M <= kDecodeMaxTokens, 16-bit types): one launch does the gate, the packing and
+// the up/down projections. Each warp owns kDecodeUnitsPerWarp units: it streams their gate rows
+// once for all tokens (the 23 MB of Wg at the paper's shape is the floor of a decode step), and
+// for the (token, unit) pairs that fire reads that unit's [Wu_j | Wd_j] and accumulates h * Wd_j
+// into its own fp32 partial row of the token. decode_reduce then sums, per token, the partial
+// rows of the warps that had any, in warp order (deterministic), and finishes the row's counts.
+
+constexpr int kDecodeMaxTokens = 8, kDecodeUnitsPerWarp = 4, kDecodeWarps = 8;
+
+template <class T> struct DecodeArgs {
+    const T *x;
+    int64_t x_rs, x_cs;
+    int m;
+    int64_t d, dp, h;
+    const T *wgate;  // H x dp
+    const T *pair;
+    int64_t pair_stride;
+    bool gated, highest, gate_f32, write_h;
+    void *gate;  // h of every (token, unit) for the hidden output
+    int64_t ldg;
+    int tile, nt;
+    int *row_nnz, *tile_cnt, *list_count, *list;
+    int nbw;  // warps in the grid
+    float *partial, *partial_l1;
+    unsigned long long *neuron_counts;
+};
+
+template <class T> __device__ inline float dot8(const uint4 &a, const uint4 &b) {
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s = fmaf(Chunk<T>::get(a, e), Chunk<T>::get(b, e), s);
+    return s;
+}
+__device__ inline float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+    return v;
+}
+
+template <class T> __global__ void __launch_bounds__(256) decode_ffn(DecodeArgs<T> a) {
+    extern __shared__ uint4 decode_smem[];
+    T *xs = reinterpret_cast<T *>(decode_smem);  // m x dp, zero padded
+    for (int64_t i = threadIdx.x; i < a.m * a.dp; i += blockDim.x) {
+        const int64_t t = i / a.dp, k = i % a.dp;
+        xs[i] = k < a.d ? a.x[t * a.x_rs + k * a.x_cs] : Value<T>::from_float(0.0f);
+    }
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int bw = static_cast<int>(blockIdx.x) * kDecodeWarps + warp;
+    float l1[kDecodeMaxTokens];
+#pragma unroll
+    for (int t = 0; t < kDecodeMaxTokens; ++t) l1[t] = 0.0f;
+    unsigned has = 0;  // tokens whose partial row this warp has written
+    for (int q = 0; q < kDecodeUnitsPerWarp; ++q) {
+        const int64_t j = static_cast<int64_t>(bw) * kDecodeUnitsPerWarp + q;
+        if (j >= a.h) break;
+        float acc[kDecodeMaxTokens];
+#pragma unroll
+        for (int t = 0; t < kDecodeMaxTokens; ++t) acc[t] = 0.0f;
+        const T *wg = a.wgate + j * a.dp;
+        for (int64_t k0 = lane * 8; k0 < a.dp; k0 += 256) {
+            const uint4 w = __ldcs(reinterpret_cast<const uint4 *>(wg + k0));  // read once per step
+#pragma unroll
+            for (int t = 0; t < kDecodeMaxTokens; ++t)
+                if (t < a.m) acc[t] += dot8<T>(*reinterpret_cast<const uint4 *>(xs + t * a.dp + k0), w);
+        }
+        unsigned active = 0;
+        float g[kDecodeMaxTokens], hv[kDecodeMaxTokens];
+#pragma unroll
+        for (int t = 0; t < kDecodeMaxTokens; ++t) {
+            g[t] = hv[t] = 0.0f;
+            if (t < a.m) {
+                const float z = warp_sum(acc[t]);
+                g[t] = a.highest ? z : round_to<T>(z);
+                if (relu_active(g[t])) active |= 1u << t;
+            }
+        }
+        if (active) {
+            const T *row = a.pair + j * a.pair_stride;
+            if (a.gated) {
+#pragma unroll
+                for (int t = 0; t < kDecodeMaxTokens; ++t) acc[t] = 0.0f;
+                for (int64_t k0 = lane * 8; k0 < a.dp; k0 += 256) {
+                    const uint4 w = *reinterpret_cast<const uint4 *>(row + k0);
+#pragma unroll
+                    for (int t = 0; t < kDecodeMaxTokens; ++t)
+                        if (active >> t & 1u) acc[t] += dot8<T>(*reinterpret_cast<const uint4 *>(xs + t * a.dp + k0), w);
+                }
+#pragma unroll
+                for (int t = 0; t < kDecodeMaxTokens; ++t)
+                    if (active >> t & 1u) {
+                        const float dotu = warp_sum(acc[t]);
+                        const float u = a.highest ? dotu : round_to<T>(dotu);
+                        hv[t] = a.highest ? g[t] * u : round_to<T>(g[t] * u);
+                    }
+            } else {
+#pragma unroll
+                for (int t = 0; t < kDecodeMaxTokens; ++t)
+                    if (active >> t & 1u) hv[t] = g[t];
+            }
+            const T *wd = row + (a.gated ? a.dp : 0);
+            for (int64_t k0 = lane * 8; k0 < a.dp; k0 += 256) {
+                const uint4 w = *reinterpret_cast<const uint4 *>(wd + k0);
+#pragma unroll
+                for (int t = 0; t < kDecodeMaxTokens; ++t) {
+                    if (!(active >> t & 1u)) continue;
+                    float *pr = a.partial + (static_cast<int64_t>(bw) * a.m + t) * a.dp + k0;
+                    float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
+                    if (has >> t & 1u) lo = reinterpret_cast<float4 *>(pr)[0], hi = reinterpret_cast<float4 *>(pr)[1];
+                    lo.x = fmaf(hv[t], Chunk<T>::get(w, 0), lo.x), lo.y = fmaf(hv[t], Chunk<T>::get(w, 1), lo.y);
+                    lo.z = fmaf(hv[t], Chunk<T>::get(w, 2), lo.z), lo.w = fmaf(hv[t], Chunk<T>::get(w, 3), lo.w);
+                    hi.x = fmaf(hv[t], Chunk<T>::get(w, 4), hi.x), hi.y = fmaf(hv[t], Chunk<T>::get(w, 5), hi.y);
+                    hi.z = fmaf(hv[t], Chunk<T>::get(w, 6), hi.z), hi.w = fmaf(hv[t], Chunk<T>::get(w, 7), hi.w);
+                    reinterpret_cast<float4 *>(pr)[0] = lo;
+                    reinterpret_cast<float4 *>(pr)[1] = hi;
+                }
+            }
+            has |= active;
+            if (lane == 0) {
+#pragma unroll
+                for (int t = 0; t < kDecodeMaxTokens; ++t) {
+                    if (!(active >> t & 1u)) continue;
+                    l1[t] += fabsf(hv[t]);
+                    atomicAdd(a.row_nnz + t, 1);
+                    atomicAdd(a.tile_cnt + t * a.nt + j / a.tile, 1);
+                    if (a.neuron_counts) atomicAdd(a.neuron_counts + j, 1ull);
+                }
+            }
+        }
+        if (a.write_h && lane == 0) {
+#pragma unroll
+            for (int t = 0; t < kDecodeMaxTokens; ++t)
+                if (t < a.m) gate_store<T>(a.gate, t * a.ldg + j, a.gate_f32, hv[t]);
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < kDecodeMaxTokens; ++t) {
+            if (!(has >> t & 1u)) continue;
+            a.partial_l1[static_cast<int64_t>(bw) * a.m + t] = l1[t];
+            a.list[t * a.nbw + atomicAdd(a.list_count + t, 1)] = bw;
+        }
+    }
+}
+
+/// One block per token: the warps that wrote a partial row, sorted (deterministic order), summed
+/// into y; then the row's count (-1: a TwELL tile over capacity), nnz and l1 for finalize.
+template <class T> __global__ void __launch_bounds__(256) decode_reduce(DecodeArgs<T> a, T *y, int64_t y_rs, int64_t y_cs,
+                                                                       int slots, int32_t *count, int32_t *row_nnz,
+                                                                       float *row_l1) {
+    extern __shared__ int sorted[];
+    const int t = blockIdx.x;
+    const int n = a.list_count[t];
+    const int *list = a.list + t * a.nbw;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int v = list[i];
+        int rank = 0;
+        for (int k = 0; k < n; ++k) rank += list[k] < v;
+        sorted[rank] = v;
+    }
+    __syncthreads();
+    for (int64_t k = threadIdx.x; k < a.d; k += blockDim.x) {
+        float s = 0.0f;
+        for (int i = 0; i < n; ++i) s += a.partial[(static_cast<int64_t>(sorted[i]) * a.m + t) * a.dp + k];
+        y[t * y_rs + k * y_cs] = Value<T>::from_float(s);
+    }
+    if (threadIdx.x == 0) {
+        float l1 = 0.0f;
+        for (int i = 0; i < n; ++i) l1 += a.partial_l1[static_cast<int64_t>(sorted[i]) * a.m + t];
+        row_l1[t] = l1;
+        bool over = false;
+        for (int i = 0; i < a.nt; ++i) over |= a.tile_cnt[t * a.nt + i] > slots;
+        row_nnz[t] = a.row_nnz[t];
+        count[t] = over ? -1 : a.row_nnz[t];
+    }
+}
+
 // ---- dense path: C[rows[i], :] = epilogue(A[rows[i], :] * B^T) for i < *count
 //
 // A element (r, k) at a + r * a_rs + k * a_cs (type TA); B row-major n x k (ldb, type T, K-major,
@@ -844,6 +1021,38 @@ template <class F> void by_type(twDataType_t t, F &&f) {
 
 }  // namespace
 
+bool ffn_decode_applies(const FfnProblem &p) {
+    return p.m >= 1 && p.m <= kDecodeMaxTokens && !gate_is_f32(p) && p.dp <= 4096;
+}
+
+void ffn_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
+                const FfnScratch &s, unsigned long long *neuron_counts, bool write_h) {
+    const int64_t per_block = kDecodeUnitsPerWarp * kDecodeWarps;
+    const int blocks = ceil_div(p.h, per_block);
+    const int nt = ceil_div(p.h, p.tile);
+    check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
+    check(cudaMemsetAsync(s.dec_zero, 0, static_cast<size_t>(p.m * (2 + nt)) * 4, stream), "cudaMemsetAsync");
+    by_type(p.type, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, float>) {
+            DecodeArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, static_cast<int>(p.m), p.d, p.dp, p.h,
+                            static_cast<const T *>(w.gate), static_cast<const T *>(w.pair), w.pair_stride, p.gated,
+                            p.highest, false, write_h, s.gate, s.ldg, p.tile, nt, s.dec_zero, s.dec_zero + 2 * p.m,
+                            s.dec_zero + p.m, s.dec_list, blocks * kDecodeWarps, s.dec_partial,
+                            s.dec_partial + static_cast<int64_t>(blocks) * kDecodeWarps * p.m * p.dp, neuron_counts};
+            const size_t xs_bytes = static_cast<size_t>(p.m * p.dp) * sizeof(T);
+            if (xs_bytes > 48 * 1024)
+                check(cudaFuncSetAttribute(decode_ffn<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(xs_bytes)),
+                      "cudaFuncSetAttribute");
+            decode_ffn<T><<<blocks, 32 * kDecodeWarps, xs_bytes, stream>>>(a);
+            check_launch("decode_ffn");
+            decode_reduce<T><<<static_cast<unsigned>(p.m), 256, static_cast<size_t>(a.nbw) * 4, stream>>>(
+                a, static_cast<T *>(y.ptr), y.rs, y.cs, p.slots, s.count, s.row_nnz, s.row_l1);
+            check_launch("decode_reduce");
+        }
+    });
+}
+
 int ffn_splits(int64_t m) {
     // small M: deal each token's units to several teams so that the GPU has enough loads in
     // flight; the split count depends on M alone, so results stay reproducible
@@ -873,6 +1082,13 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
     s.dense_count = s.header;
     s.dense_rows = c.take<int32_t>(static_cast<size_t>(p.m));
     s.writer_flags = c.take<int32_t>(static_cast<size_t>(p.m) + 64);
+    if (ffn_decode_applies(p)) {
+        const int64_t nbw = (p.h + kDecodeUnitsPerWarp * kDecodeWarps - 1) / (kDecodeUnitsPerWarp * kDecodeWarps) * kDecodeWarps;
+        const int64_t nt = (p.h + p.tile - 1) / p.tile;
+        s.dec_zero = c.take<int32_t>(static_cast<size_t>(p.m * (2 + nt)));  // row_nnz, list_count, tile counts
+        s.dec_list = c.take<int32_t>(static_cast<size_t>(p.m * nbw));
+        s.dec_partial = c.take<float>(static_cast<size_t>(nbw * p.m * (p.dp + 1)));
+    }
     s.splits = ffn_splits(p.m);
     s.partial = s.splits > 1 ? c.take<float>(static_cast<size_t>(s.splits * p.m * (p.dp + 1))) : nullptr;
     if (bytes) *bytes = c.used();

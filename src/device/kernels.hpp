@@ -83,9 +83,17 @@ struct FfnScratch {
     int32_t *writer_flags;  // M (hidden output)
     int splits;             // teams per token (small M), see ffn_splits
     float *partial;         // splits x M x dp partial rows, then splits x M l1 (splits > 1)
+    int32_t *dec_zero;      // decode: row_nnz [M], list counts [M], tile counts [M x NT] (zeroed)
+    int32_t *dec_list;      // decode: per token, the warps that wrote a partial row
+    float *dec_partial;     // decode: per warp and token a partial y row, then per warp l1
 };
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
 int ffn_splits(int64_t m);
+/// Decode (M <= 8 tokens, 16-bit types, D <= 4096): one kernel computes the gate, the unit
+/// choice and the up/down projections (no cuBLAS, no packing pass), a second sums per token.
+bool ffn_decode_applies(const FfnProblem &p);
+void ffn_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
+                const FfnScratch &s, unsigned long long *neuron_counts, bool write_h);
 
 /// Copies user weights (device, any order) into the FfnWeights layout.
 void repack_weights(cudaStream_t stream, const FfnProblem &p, const MatrixArg *wg, const MatrixArg &wu,
