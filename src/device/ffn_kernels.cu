@@ -395,13 +395,13 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
 }
 
 // ---- decode (M <= kDecodeMaxTokens, 16-bit types): one launch does the gate, the packing and
-// the up/down projections. Each warp owns kDecodeUnitsPerWarp units: it streams their gate rows
-// once for all tokens (the 23 MB of Wg at the paper's shape is the floor of a decode step), and
-// for the (token, unit) pairs that fire reads that unit's [Wu_j | Wd_j] and accumulates h * Wd_j
-// into its own fp32 partial row of the token. decode_reduce then sums, per token, the partial
-// rows of the warps that had any, in warp order (deterministic), and finishes the row's counts.
+// the up/down projections. Each warp owns one unit: it loads the unit's whole gate row at once
+// (all warps together stream the gate weights once, the floor of a decode step) and, when the
+// unit fires for some token, its up row. The block then applies the down rows of its 8 units to
+// the tokens they fired for, in unit order, into one fp32 partial row per token; decode_reduce
+// sums, per token, the partial rows of the blocks that had any, in block order (deterministic).
 
-constexpr int kDecodeMaxTokens = 8, kDecodeUnitsPerWarp = 4, kDecodeWarps = 8;
+constexpr int kDecodeMaxTokens = 8, kDecodeWarps = 8, kDecodeChunks = 16;  // 16 x 8 values: D <= 4096
 
 template <class T> struct DecodeArgs {
     const T *x;
@@ -416,7 +416,7 @@ template <class T> struct DecodeArgs {
     int64_t ldg;
     int tile, nt;
     int *row_nnz, *tile_cnt, *list_count, *list;
-    int nbw;  // warps in the grid
+    int nblk;  // blocks in the grid
     float *partial, *partial_l1;
     unsigned long long *neuron_counts;
 };
@@ -433,113 +433,128 @@ __device__ inline float warp_sum(float v) {
     return v;
 }
 
+/// Per token t < m: the warp-reduced dot product of row (dp values) with x_t (smem).
+template <class T> __device__ inline void dots_with_row(const T *row, const T *xs, int64_t dp, int m, unsigned mask,
+                                                        float *out) {
+    const int lane = threadIdx.x & 31;
+    uint4 w[kDecodeChunks];
+#pragma unroll
+    for (int c = 0; c < kDecodeChunks; ++c) {  // every load in flight before the first use
+        const int64_t k0 = (static_cast<int64_t>(c) * 32 + lane) * 8;
+        w[c] = k0 < dp ? __ldcs(reinterpret_cast<const uint4 *>(row + k0)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int t = 0; t < kDecodeMaxTokens; ++t) {
+        float acc = 0.0f;
+        if (t < m && (mask >> t & 1u)) {
+#pragma unroll
+            for (int c = 0; c < kDecodeChunks; ++c) {
+                const int64_t k0 = (static_cast<int64_t>(c) * 32 + lane) * 8;
+                if (k0 < dp) acc += dot8<T>(*reinterpret_cast<const uint4 *>(xs + t * dp + k0), w[c]);
+            }
+        }
+        out[t] = warp_sum(acc);
+    }
+}
+
 template <class T> __global__ void __launch_bounds__(256) decode_ffn(DecodeArgs<T> a) {
     extern __shared__ uint4 decode_smem[];
     T *xs = reinterpret_cast<T *>(decode_smem);  // m x dp, zero padded
+    __shared__ float hs[kDecodeWarps][kDecodeMaxTokens];
+    __shared__ unsigned act[kDecodeWarps];
     for (int64_t i = threadIdx.x; i < a.m * a.dp; i += blockDim.x) {
         const int64_t t = i / a.dp, k = i % a.dp;
         xs[i] = k < a.d ? a.x[t * a.x_rs + k * a.x_cs] : Value<T>::from_float(0.0f);
     }
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int bw = static_cast<int>(blockIdx.x) * kDecodeWarps + warp;
-    float l1[kDecodeMaxTokens];
+    const int64_t j = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp;
+    unsigned active = 0;
+    float hv[kDecodeMaxTokens];
 #pragma unroll
-    for (int t = 0; t < kDecodeMaxTokens; ++t) l1[t] = 0.0f;
-    unsigned has = 0;  // tokens whose partial row this warp has written
-    for (int q = 0; q < kDecodeUnitsPerWarp; ++q) {
-        const int64_t j = static_cast<int64_t>(bw) * kDecodeUnitsPerWarp + q;
-        if (j >= a.h) break;
-        float acc[kDecodeMaxTokens];
-#pragma unroll
-        for (int t = 0; t < kDecodeMaxTokens; ++t) acc[t] = 0.0f;
-        const T *wg = a.wgate + j * a.dp;
-        for (int64_t k0 = lane * 8; k0 < a.dp; k0 += 256) {
-            const uint4 w = __ldcs(reinterpret_cast<const uint4 *>(wg + k0));  // read once per step
-#pragma unroll
-            for (int t = 0; t < kDecodeMaxTokens; ++t)
-                if (t < a.m) acc[t] += dot8<T>(*reinterpret_cast<const uint4 *>(xs + t * a.dp + k0), w);
-        }
-        unsigned active = 0;
-        float g[kDecodeMaxTokens], hv[kDecodeMaxTokens];
+    for (int t = 0; t < kDecodeMaxTokens; ++t) hv[t] = 0.0f;
+    if (j < a.h) {
+        float z[kDecodeMaxTokens], g[kDecodeMaxTokens];
+        dots_with_row(a.wgate + j * a.dp, xs, a.dp, a.m, ~0u, z);
 #pragma unroll
         for (int t = 0; t < kDecodeMaxTokens; ++t) {
-            g[t] = hv[t] = 0.0f;
-            if (t < a.m) {
-                const float z = warp_sum(acc[t]);
-                g[t] = a.highest ? z : round_to<T>(z);
-                if (relu_active(g[t])) active |= 1u << t;
-            }
+            g[t] = a.highest ? z[t] : round_to<T>(z[t]);
+            if (t < a.m && relu_active(g[t])) active |= 1u << t;
         }
-        if (active) {
-            const T *row = a.pair + j * a.pair_stride;
-            if (a.gated) {
-#pragma unroll
-                for (int t = 0; t < kDecodeMaxTokens; ++t) acc[t] = 0.0f;
-                for (int64_t k0 = lane * 8; k0 < a.dp; k0 += 256) {
-                    const uint4 w = *reinterpret_cast<const uint4 *>(row + k0);
-#pragma unroll
-                    for (int t = 0; t < kDecodeMaxTokens; ++t)
-                        if (active >> t & 1u) acc[t] += dot8<T>(*reinterpret_cast<const uint4 *>(xs + t * a.dp + k0), w);
-                }
-#pragma unroll
-                for (int t = 0; t < kDecodeMaxTokens; ++t)
-                    if (active >> t & 1u) {
-                        const float dotu = warp_sum(acc[t]);
-                        const float u = a.highest ? dotu : round_to<T>(dotu);
-                        hv[t] = a.highest ? g[t] * u : round_to<T>(g[t] * u);
-                    }
-            } else {
-#pragma unroll
-                for (int t = 0; t < kDecodeMaxTokens; ++t)
-                    if (active >> t & 1u) hv[t] = g[t];
-            }
-            const T *wd = row + (a.gated ? a.dp : 0);
-            for (int64_t k0 = lane * 8; k0 < a.dp; k0 += 256) {
-                const uint4 w = *reinterpret_cast<const uint4 *>(wd + k0);
-#pragma unroll
-                for (int t = 0; t < kDecodeMaxTokens; ++t) {
-                    if (!(active >> t & 1u)) continue;
-                    float *pr = a.partial + (static_cast<int64_t>(bw) * a.m + t) * a.dp + k0;
-                    float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
-                    if (has >> t & 1u) lo = reinterpret_cast<float4 *>(pr)[0], hi = reinterpret_cast<float4 *>(pr)[1];
-                    lo.x = fmaf(hv[t], Chunk<T>::get(w, 0), lo.x), lo.y = fmaf(hv[t], Chunk<T>::get(w, 1), lo.y);
-                    lo.z = fmaf(hv[t], Chunk<T>::get(w, 2), lo.z), lo.w = fmaf(hv[t], Chunk<T>::get(w, 3), lo.w);
-                    hi.x = fmaf(hv[t], Chunk<T>::get(w, 4), hi.x), hi.y = fmaf(hv[t], Chunk<T>::get(w, 5), hi.y);
-                    hi.z = fmaf(hv[t], Chunk<T>::get(w, 6), hi.z), hi.w = fmaf(hv[t], Chunk<T>::get(w, 7), hi.w);
-                    reinterpret_cast<float4 *>(pr)[0] = lo;
-                    reinterpret_cast<float4 *>(pr)[1] = hi;
-                }
-            }
-            has |= active;
-            if (lane == 0) {
-#pragma unroll
-                for (int t = 0; t < kDecodeMaxTokens; ++t) {
-                    if (!(active >> t & 1u)) continue;
-                    l1[t] += fabsf(hv[t]);
-                    atomicAdd(a.row_nnz + t, 1);
-                    atomicAdd(a.tile_cnt + t * a.nt + j / a.tile, 1);
-                    if (a.neuron_counts) atomicAdd(a.neuron_counts + j, 1ull);
-                }
-            }
-        }
-        if (a.write_h && lane == 0) {
+        if (active && a.gated) {
+            float u[kDecodeMaxTokens];
+            dots_with_row(a.pair + j * a.pair_stride, xs, a.dp, a.m, active, u);
 #pragma unroll
             for (int t = 0; t < kDecodeMaxTokens; ++t)
-                if (t < a.m) gate_store<T>(a.gate, t * a.ldg + j, a.gate_f32, hv[t]);
+                if (active >> t & 1u) {
+                    const float ur = a.highest ? u[t] : round_to<T>(u[t]);
+                    hv[t] = a.highest ? g[t] * ur : round_to<T>(g[t] * ur);
+                }
+        } else if (active) {
+#pragma unroll
+            for (int t = 0; t < kDecodeMaxTokens; ++t)
+                if (active >> t & 1u) hv[t] = g[t];
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < kDecodeMaxTokens; ++t) {
+                if (t >= a.m) continue;
+                if (a.write_h) gate_store<T>(a.gate, t * a.ldg + j, a.gate_f32, hv[t]);
+                if (!(active >> t & 1u)) continue;
+                atomicAdd(a.row_nnz + t, 1);
+                atomicAdd(a.tile_cnt + t * a.nt + j / a.tile, 1);
+                if (a.neuron_counts) atomicAdd(a.neuron_counts + j, 1ull);
+            }
         }
     }
     if (lane == 0) {
+        act[warp] = active;
+#pragma unroll
+        for (int t = 0; t < kDecodeMaxTokens; ++t) hs[warp][t] = hv[t];
+    }
+    __syncthreads();
+    unsigned any = 0;
+    for (int w = 0; w < kDecodeWarps; ++w) any |= act[w];
+    if (!any) return;  // uniform: nothing fired in this block
+
+    // down rows of the block's units, in unit order, for the tokens they fired for
+    for (int64_t k0 = static_cast<int64_t>(threadIdx.x) * 8; k0 < a.dp; k0 += static_cast<int64_t>(blockDim.x) * 8) {
+        float acc[kDecodeMaxTokens][8];
+#pragma unroll
+        for (int t = 0; t < kDecodeMaxTokens; ++t)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[t][e] = 0.0f;
+        for (int w = 0; w < kDecodeWarps; ++w) {
+            if (!act[w]) continue;
+            const int64_t jw = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + w;
+            const uint4 q = *reinterpret_cast<const uint4 *>(a.pair + jw * a.pair_stride + (a.gated ? a.dp : 0) + k0);
+#pragma unroll
+            for (int t = 0; t < kDecodeMaxTokens; ++t)
+                if (act[w] >> t & 1u)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[t][e] = fmaf(hs[w][t], Chunk<T>::get(q, e), acc[t][e]);
+        }
 #pragma unroll
         for (int t = 0; t < kDecodeMaxTokens; ++t) {
-            if (!(has >> t & 1u)) continue;
-            a.partial_l1[static_cast<int64_t>(bw) * a.m + t] = l1[t];
-            a.list[t * a.nbw + atomicAdd(a.list_count + t, 1)] = bw;
+            if (!(any >> t & 1u)) continue;
+            float4 *pr = reinterpret_cast<float4 *>(a.partial + (static_cast<int64_t>(blockIdx.x) * a.m + t) * a.dp + k0);
+            pr[0] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+            pr[1] = make_float4(acc[t][4], acc[t][5], acc[t][6], acc[t][7]);
+        }
+    }
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int t = 0; t < kDecodeMaxTokens; ++t) {
+            if (!(any >> t & 1u)) continue;
+            float l1 = 0.0f;
+            for (int w = 0; w < kDecodeWarps; ++w) l1 += fabsf(hs[w][t]);
+            a.partial_l1[static_cast<int64_t>(blockIdx.x) * a.m + t] = l1;
+            a.list[t * a.nblk + atomicAdd(a.list_count + t, 1)] = static_cast<int>(blockIdx.x);
         }
     }
 }
 
-/// One block per token: the warps that wrote a partial row, sorted (deterministic order), summed
+/// One block per token: the blocks that wrote a partial row, sorted (deterministic order), summed
 /// into y; then the row's count (-1: a TwELL tile over capacity), nnz and l1 for finalize.
 template <class T> __global__ void __launch_bounds__(256) decode_reduce(DecodeArgs<T> a, T *y, int64_t y_rs, int64_t y_cs,
                                                                        int slots, int32_t *count, int32_t *row_nnz,
@@ -547,7 +562,7 @@ template <class T> __global__ void __launch_bounds__(256) decode_reduce(DecodeAr
     extern __shared__ int sorted[];
     const int t = blockIdx.x;
     const int n = a.list_count[t];
-    const int *list = a.list + t * a.nbw;
+    const int *list = a.list + t * a.nblk;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int v = list[i];
         int rank = 0;
@@ -1027,8 +1042,7 @@ bool ffn_decode_applies(const FfnProblem &p) {
 
 void ffn_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
                 const FfnScratch &s, unsigned long long *neuron_counts, bool write_h) {
-    const int64_t per_block = kDecodeUnitsPerWarp * kDecodeWarps;
-    const int blocks = ceil_div(p.h, per_block);
+    const int blocks = ceil_div(p.h, kDecodeWarps);
     const int nt = ceil_div(p.h, p.tile);
     check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
     check(cudaMemsetAsync(s.dec_zero, 0, static_cast<size_t>(p.m * (2 + nt)) * 4, stream), "cudaMemsetAsync");
@@ -1038,15 +1052,15 @@ void ffn_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, c
             DecodeArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, static_cast<int>(p.m), p.d, p.dp, p.h,
                             static_cast<const T *>(w.gate), static_cast<const T *>(w.pair), w.pair_stride, p.gated,
                             p.highest, false, write_h, s.gate, s.ldg, p.tile, nt, s.dec_zero, s.dec_zero + 2 * p.m,
-                            s.dec_zero + p.m, s.dec_list, blocks * kDecodeWarps, s.dec_partial,
-                            s.dec_partial + static_cast<int64_t>(blocks) * kDecodeWarps * p.m * p.dp, neuron_counts};
+                            s.dec_zero + p.m, s.dec_list, blocks, s.dec_partial,
+                            s.dec_partial + static_cast<int64_t>(blocks) * p.m * p.dp, neuron_counts};
             const size_t xs_bytes = static_cast<size_t>(p.m * p.dp) * sizeof(T);
             if (xs_bytes > 48 * 1024)
                 check(cudaFuncSetAttribute(decode_ffn<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(xs_bytes)),
                       "cudaFuncSetAttribute");
             decode_ffn<T><<<blocks, 32 * kDecodeWarps, xs_bytes, stream>>>(a);
             check_launch("decode_ffn");
-            decode_reduce<T><<<static_cast<unsigned>(p.m), 256, static_cast<size_t>(a.nbw) * 4, stream>>>(
+            decode_reduce<T><<<static_cast<unsigned>(p.m), 256, static_cast<size_t>(a.nblk) * 4, stream>>>(
                 a, static_cast<T *>(y.ptr), y.rs, y.cs, p.slots, s.count, s.row_nnz, s.row_l1);
             check_launch("decode_reduce");
         }
@@ -1083,11 +1097,11 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
     s.dense_rows = c.take<int32_t>(static_cast<size_t>(p.m));
     s.writer_flags = c.take<int32_t>(static_cast<size_t>(p.m) + 64);
     if (ffn_decode_applies(p)) {
-        const int64_t nbw = (p.h + kDecodeUnitsPerWarp * kDecodeWarps - 1) / (kDecodeUnitsPerWarp * kDecodeWarps) * kDecodeWarps;
+        const int64_t nblk = (p.h + kDecodeWarps - 1) / kDecodeWarps;
         const int64_t nt = (p.h + p.tile - 1) / p.tile;
         s.dec_zero = c.take<int32_t>(static_cast<size_t>(p.m * (2 + nt)));  // row_nnz, list_count, tile counts
-        s.dec_list = c.take<int32_t>(static_cast<size_t>(p.m * nbw));
-        s.dec_partial = c.take<float>(static_cast<size_t>(nbw * p.m * (p.dp + 1)));
+        s.dec_list = c.take<int32_t>(static_cast<size_t>(p.m * nblk));
+        s.dec_partial = c.take<float>(static_cast<size_t>(nblk * p.m * (p.dp + 1)));
     }
     s.splits = ffn_splits(p.m);
     s.partial = s.splits > 1 ? c.take<float>(static_cast<size_t>(s.splits * p.m * (p.dp + 1))) : nullptr;
