@@ -401,7 +401,7 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
 // the tokens they fired for, in unit order, into one fp32 partial row per token; decode_reduce
 // sums, per token, the partial rows of the blocks that had any, in block order (deterministic).
 
-constexpr int kDecodeMaxTokens = 8, kDecodeWarps = 8, kDecodeChunks = 16;  // 16 x 8 values: D <= 4096
+constexpr int kDecodeMaxTokens = 8, kDecodeWarps = 8;  // C chunks of 8 values per lane: D <= 256 C
 
 template <class T> struct DecodeArgs {
     const T *x;
@@ -434,12 +434,12 @@ __device__ inline float warp_sum(float v) {
 }
 
 /// Per token t < m: the warp-reduced dot product of row (dp values) with x_t (smem).
-template <class T> __device__ inline void dots_with_row(const T *row, const T *xs, int64_t dp, int m, unsigned mask,
-                                                        float *out) {
+template <class T, int C> __device__ inline void dots_with_row(const T *row, const T *xs, int64_t dp, int m, unsigned mask,
+                                                               float *out) {
     const int lane = threadIdx.x & 31;
-    uint4 w[kDecodeChunks];
+    uint4 w[C];
 #pragma unroll
-    for (int c = 0; c < kDecodeChunks; ++c) {  // every load in flight before the first use
+    for (int c = 0; c < C; ++c) {  // every load in flight before the first use
         const int64_t k0 = (static_cast<int64_t>(c) * 32 + lane) * 8;
         w[c] = k0 < dp ? __ldcs(reinterpret_cast<const uint4 *>(row + k0)) : make_uint4(0, 0, 0, 0);
     }
@@ -448,7 +448,7 @@ template <class T> __device__ inline void dots_with_row(const T *row, const T *x
         float acc = 0.0f;
         if (t < m && (mask >> t & 1u)) {
 #pragma unroll
-            for (int c = 0; c < kDecodeChunks; ++c) {
+            for (int c = 0; c < C; ++c) {
                 const int64_t k0 = (static_cast<int64_t>(c) * 32 + lane) * 8;
                 if (k0 < dp) acc += dot8<T>(*reinterpret_cast<const uint4 *>(xs + t * dp + k0), w[c]);
             }
@@ -457,7 +457,7 @@ template <class T> __device__ inline void dots_with_row(const T *row, const T *x
     }
 }
 
-template <class T> __global__ void __launch_bounds__(256) decode_ffn(DecodeArgs<T> a) {
+template <class T, int C> __global__ void __launch_bounds__(256) decode_ffn(DecodeArgs<T> a) {
     extern __shared__ uint4 decode_smem[];
     T *xs = reinterpret_cast<T *>(decode_smem);  // m x dp, zero padded
     __shared__ float hs[kDecodeWarps][kDecodeMaxTokens];
@@ -475,7 +475,7 @@ template <class T> __global__ void __launch_bounds__(256) decode_ffn(DecodeArgs<
     for (int t = 0; t < kDecodeMaxTokens; ++t) hv[t] = 0.0f;
     if (j < a.h) {
         float z[kDecodeMaxTokens], g[kDecodeMaxTokens];
-        dots_with_row(a.wgate + j * a.dp, xs, a.dp, a.m, ~0u, z);
+        dots_with_row<T, C>(a.wgate + j * a.dp, xs, a.dp, a.m, ~0u, z);
 #pragma unroll
         for (int t = 0; t < kDecodeMaxTokens; ++t) {
             g[t] = a.highest ? z[t] : round_to<T>(z[t]);
@@ -483,7 +483,7 @@ template <class T> __global__ void __launch_bounds__(256) decode_ffn(DecodeArgs<
         }
         if (active && a.gated) {
             float u[kDecodeMaxTokens];
-            dots_with_row(a.pair + j * a.pair_stride, xs, a.dp, a.m, active, u);
+            dots_with_row<T, C>(a.pair + j * a.pair_stride, xs, a.dp, a.m, active, u);
 #pragma unroll
             for (int t = 0; t < kDecodeMaxTokens; ++t)
                 if (active >> t & 1u) {
@@ -517,29 +517,23 @@ template <class T> __global__ void __launch_bounds__(256) decode_ffn(DecodeArgs<
     for (int w = 0; w < kDecodeWarps; ++w) any |= act[w];
     if (!any) return;  // uniform: nothing fired in this block
 
-    // down rows of the block's units, in unit order, for the tokens they fired for
-    for (int64_t k0 = static_cast<int64_t>(threadIdx.x) * 8; k0 < a.dp; k0 += static_cast<int64_t>(blockDim.x) * 8) {
-        float acc[kDecodeMaxTokens][8];
+    // down rows of the block's units, in unit order, for the tokens they fired for (token by
+    // token: the block's 8 rows stay in L1 after the first)
+    for (int t = 0; t < a.m; ++t) {
+        if (!(any >> t & 1u)) continue;
+        for (int64_t k0 = static_cast<int64_t>(threadIdx.x) * 8; k0 < a.dp; k0 += static_cast<int64_t>(blockDim.x) * 8) {
+            float acc[8] = {};
+            for (int w = 0; w < kDecodeWarps; ++w) {
+                if (!(act[w] >> t & 1u)) continue;
+                const int64_t jw = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + w;
+                const uint4 q = *reinterpret_cast<const uint4 *>(a.pair + jw * a.pair_stride + (a.gated ? a.dp : 0) + k0);
+                const float hw = hs[w][t];
 #pragma unroll
-        for (int t = 0; t < kDecodeMaxTokens; ++t)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[t][e] = 0.0f;
-        for (int w = 0; w < kDecodeWarps; ++w) {
-            if (!act[w]) continue;
-            const int64_t jw = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + w;
-            const uint4 q = *reinterpret_cast<const uint4 *>(a.pair + jw * a.pair_stride + (a.gated ? a.dp : 0) + k0);
-#pragma unroll
-            for (int t = 0; t < kDecodeMaxTokens; ++t)
-                if (act[w] >> t & 1u)
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[t][e] = fmaf(hs[w][t], Chunk<T>::get(q, e), acc[t][e]);
-        }
-#pragma unroll
-        for (int t = 0; t < kDecodeMaxTokens; ++t) {
-            if (!(any >> t & 1u)) continue;
+                for (int e = 0; e < 8; ++e) acc[e] = fmaf(hw, Chunk<T>::get(q, e), acc[e]);
+            }
             float4 *pr = reinterpret_cast<float4 *>(a.partial + (static_cast<int64_t>(blockIdx.x) * a.m + t) * a.dp + k0);
-            pr[0] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
-            pr[1] = make_float4(acc[t][4], acc[t][5], acc[t][6], acc[t][7]);
+            pr[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            pr[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
         }
     }
     if (threadIdx.x == 0) {
@@ -554,8 +548,9 @@ template <class T> __global__ void __launch_bounds__(256) decode_ffn(DecodeArgs<
     }
 }
 
-/// One block per token: the blocks that wrote a partial row, sorted (deterministic order), summed
-/// into y; then the row's count (-1: a TwELL tile over capacity), nnz and l1 for finalize.
+/// Grid (token, column block): the blocks that wrote a partial row for the token, sorted
+/// (deterministic order), summed into y with loads in flight in parallel; block 0 of each token
+/// also finishes the row's count (-1: a TwELL tile over capacity), nnz and l1 for finalize.
 template <class T> __global__ void __launch_bounds__(256) decode_reduce(DecodeArgs<T> a, T *y, int64_t y_rs, int64_t y_cs,
                                                                        int slots, int32_t *count, int32_t *row_nnz,
                                                                        float *row_l1) {
@@ -570,12 +565,22 @@ template <class T> __global__ void __launch_bounds__(256) decode_reduce(DecodeAr
         sorted[rank] = v;
     }
     __syncthreads();
-    for (int64_t k = threadIdx.x; k < a.d; k += blockDim.x) {
-        float s = 0.0f;
-        for (int i = 0; i < n; ++i) s += a.partial[(static_cast<int64_t>(sorted[i]) * a.m + t) * a.dp + k];
-        y[t * y_rs + k * y_cs] = Value<T>::from_float(s);
+    const int64_t k = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+    if (k < a.d) {
+        // eight independent loads per step; the partial sums are combined in a fixed order
+        float part[8] = {};
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+#pragma unroll
+            for (int q = 0; q < 8; ++q) part[q] += a.partial[(static_cast<int64_t>(sorted[i + q]) * a.m + t) * a.dp + k];
+        }
+        for (int q = 0; i < n; ++i, ++q) part[q] += a.partial[(static_cast<int64_t>(sorted[i]) * a.m + t) * a.dp + k];
+        float sum = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) sum += part[q];
+        y[t * y_rs + k * y_cs] = Value<T>::from_float(sum);
     }
-    if (threadIdx.x == 0) {
+    if (blockIdx.y == 0 && threadIdx.x == 0) {
         float l1 = 0.0f;
         for (int i = 0; i < n; ++i) l1 += a.partial_l1[static_cast<int64_t>(sorted[i]) * a.m + t];
         row_l1[t] = l1;
@@ -1055,12 +1060,20 @@ void ffn_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, c
                             s.dec_zero + p.m, s.dec_list, blocks, s.dec_partial,
                             s.dec_partial + static_cast<int64_t>(blocks) * p.m * p.dp, neuron_counts};
             const size_t xs_bytes = static_cast<size_t>(p.m * p.dp) * sizeof(T);
-            if (xs_bytes > 48 * 1024)
-                check(cudaFuncSetAttribute(decode_ffn<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(xs_bytes)),
-                      "cudaFuncSetAttribute");
-            decode_ffn<T><<<blocks, 32 * kDecodeWarps, xs_bytes, stream>>>(a);
-            check_launch("decode_ffn");
-            decode_reduce<T><<<static_cast<unsigned>(p.m), 256, static_cast<size_t>(a.nblk) * 4, stream>>>(
+            auto launch = [&](auto kernel) {
+                if (xs_bytes > 48 * 1024)
+                    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(xs_bytes)),
+                          "cudaFuncSetAttribute");
+                kernel<<<blocks, 32 * kDecodeWarps, xs_bytes, stream>>>(a);
+                check_launch("decode_ffn");
+            };
+            // rows of up to 2048 values need 8 chunks per lane (64 registers), wider ones 16
+            if (p.dp <= 2048)
+                launch(decode_ffn<T, 8>);
+            else
+                launch(decode_ffn<T, 16>);
+            const dim3 rgrid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.d, 256)));
+            decode_reduce<T><<<rgrid, 256, static_cast<size_t>(a.nblk) * 4, stream>>>(
                 a, static_cast<T *>(y.ptr), y.rs, y.cs, p.slots, s.count, s.row_nnz, s.row_l1);
             check_launch("decode_reduce");
         }
