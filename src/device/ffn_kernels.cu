@@ -406,6 +406,7 @@ constexpr int kDecodeMaxTokens = 8, kDecodeWarps = 8;  // C chunks of 8 values p
 template <class T> struct DecodeArgs {
     const T *x;
     int64_t x_rs, x_cs;
+    bool x_vec;  // row-major, 16-byte aligned rows: vector loads
     int m;
     int64_t d, dp, h;
     const T *wgate;  // H x dp
@@ -462,10 +463,21 @@ template <class T, int C> __global__ void __launch_bounds__(256) decode_ffn(Deco
     T *xs = reinterpret_cast<T *>(decode_smem);  // m x dp, zero padded
     __shared__ float hs[kDecodeWarps][kDecodeMaxTokens];
     __shared__ unsigned act[kDecodeWarps];
-    for (int64_t i = threadIdx.x; i < a.m * a.dp; i += blockDim.x) {
-        const int64_t t = i / a.dp, k = i % a.dp;
-        xs[i] = k < a.d ? a.x[t * a.x_rs + k * a.x_cs] : Value<T>::from_float(0.0f);
-    }
+    // x into shared memory, 16 bytes per thread and step (no index division: it cost more than
+    // the gate itself at M = 8)
+    for (int t = 0; t < a.m; ++t)
+        for (int64_t k0 = static_cast<int64_t>(threadIdx.x) * 8; k0 < a.dp; k0 += static_cast<int64_t>(blockDim.x) * 8) {
+            uint4 v;
+            if (a.x_vec) {
+                v = *reinterpret_cast<const uint4 *>(a.x + t * a.x_rs + k0);
+            } else {
+                T tmp[8];
+                for (int e = 0; e < 8; ++e)
+                    tmp[e] = k0 + e < a.d ? a.x[t * a.x_rs + (k0 + e) * a.x_cs] : Value<T>::from_float(0.0f);
+                v = *reinterpret_cast<const uint4 *>(tmp);
+            }
+            *reinterpret_cast<uint4 *>(xs + t * a.dp + k0) = v;
+        }
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t j = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp;
@@ -1054,7 +1066,9 @@ void ffn_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, c
     by_type(p.type, [&](auto tag) {
         using T = decltype(tag);
         if constexpr (!std::is_same_v<T, float>) {
-            DecodeArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, static_cast<int>(p.m), p.d, p.dp, p.h,
+            const bool x_vec = x.cs == 1 && (x.rs * 2) % 16 == 0 && reinterpret_cast<uintptr_t>(x.ptr) % 16 == 0 &&
+                               p.d % 8 == 0;
+            DecodeArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, x_vec, static_cast<int>(p.m), p.d, p.dp, p.h,
                             static_cast<const T *>(w.gate), static_cast<const T *>(w.pair), w.pair_stride, p.gated,
                             p.highest, false, write_h, s.gate, s.ldg, p.tile, nt, s.dec_zero, s.dec_zero + 2 * p.m,
                             s.dec_zero + p.m, s.dec_list, blocks, s.dec_partial,
