@@ -1054,7 +1054,10 @@ template <class F> void by_type(twDataType_t t, F &&f) {
 }  // namespace
 
 bool ffn_decode_applies(const FfnProblem &p) {
-    return p.m >= 1 && p.m <= kDecodeMaxTokens && !gate_is_f32(p) && p.dp <= 4096;
+    // measured on an H100 at D = 2048, H = 5632: 29 us at M = 1 and 53 us at M = 8 (its gate dot
+    // products run on CUDA cores, ~3.4 us per token) against ~44 us flat for the cuBLAS path:
+    // the one-kernel path wins up to about 4 tokens
+    return p.m >= 1 && p.m <= 4 && !gate_is_f32(p) && p.dp <= 4096;
 }
 
 void ffn_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,

@@ -89,7 +89,7 @@ struct FfnScratch {
 };
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
 int ffn_splits(int64_t m);
-/// Decode (M <= 8 tokens, 16-bit types, D <= 4096): one kernel computes the gate, the unit
+/// Decode (M <= 4 tokens, 16-bit types, D <= 4096): one kernel computes the gate, the unit
 /// choice and the up/down projections (no cuBLAS, no packing pass), a second sums per token.
 bool ffn_decode_applies(const FfnProblem &p);
 void ffn_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
