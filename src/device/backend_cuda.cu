@@ -207,6 +207,9 @@ class CudaBackend final : public Backend {
         if (p.dp > 8 * 32 * 4 * (p.type == TW_R_32F ? 4 : 8))
             fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports a model dimension up to %d for this type; D = %lld",
                  8 * 32 * 4 * (p.type == TW_R_32F ? 4 : 8), static_cast<long long>(p.d));
+        if (p.h > kMaxSparseCols)
+            fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN keeps unit ids in 16 bits: H up to %lld; H = %lld",
+                 static_cast<long long>(kMaxSparseCols), static_cast<long long>(p.h));
         const size_t eb = cuda::elem_bytes(p.type);
         st->gate.reset(static_cast<size_t>(p.h * p.dp) * eb);
         st->pair.reset(static_cast<size_t>(p.h * p.dp * (p.gated ? 2 : 1)) * eb);
