@@ -204,9 +204,9 @@ class CudaBackend final : public Backend {
                                          const twDnMatDescr &wd) override {
         auto st = std::make_unique<CudaFfnState>();
         const cuda::FfnProblem p = problem_of(ffn, 0);
-        if (p.dp > 8 * 32 * 4 * (p.type == TW_R_32F ? 4 : 8))
-            fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports a model dimension up to %d for this type; D = %lld",
-                 8 * 32 * 4 * (p.type == TW_R_32F ? 4 : 8), static_cast<long long>(p.d));
+        if (p.dp > cuda::ffn_max_model_dim(p.type))
+            fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports a model dimension up to %lld for this type; D = %lld",
+                 static_cast<long long>(cuda::ffn_max_model_dim(p.type)), static_cast<long long>(p.d));
         if (p.h > kMaxSparseCols)
             fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN keeps unit ids in 16 bits: H up to %lld; H = %lld",
                  static_cast<long long>(kMaxSparseCols), static_cast<long long>(p.h));

@@ -75,20 +75,16 @@ inline size_t elem_bytes(twDataType_t t) { return t == TW_R_32F ? 4 : 2; }
 
 template <class T> struct Value;
 template <> struct Value<float> {
-    __device__ static float load(const float *p) { return *p; }
     __device__ static float to_float(float v) { return v; }
     __device__ static float from_float(float v) { return v; }
-    __device__ static uint32_t bits(float v) { return __float_as_uint(v); }
 };
 template <> struct Value<__nv_bfloat16> {
     __device__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
     __device__ static __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
-    __device__ static uint32_t bits(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
 };
 template <> struct Value<__half> {
     __device__ static float to_float(__half v) { return __half2float(v); }
     __device__ static __half from_float(float v) { return __float2half_rn(v); }
-    __device__ static uint32_t bits(__half v) { return __half_as_ushort(v); }
 };
 
 /// Rounds an fp32 value to the value type and back (the DEFAULT mode's rounding of g, u, h).
@@ -97,12 +93,15 @@ template <class T> __device__ inline float round_to(float v) { return Value<T>::
 /// torch.relu keeps values > 0 and NaN; +0 and -0 are inactive.
 __device__ inline bool relu_active(float v) { return v > 0.0f || v != v; }
 
-/// A dense matrix as kernels see it: element (r, c) at r * rs + c * cs.
-template <class T> struct DenseView {
-    T *p;
-    int64_t rows, cols, rs, cs;
-    __device__ T &at(int64_t r, int64_t c) const { return p[r * rs + c * cs]; }
-};
+/// Inclusive sum over the lanes of a full warp.
+__device__ inline int warp_scan_incl(int v) {
+    const int lane = static_cast<int>(threadIdx.x & 31u);
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    return v;
+}
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 

@@ -14,6 +14,7 @@
 
 #include "cuda_util.cuh"
 #include "kernels.hpp"
+#include "lt_gemm.hpp"
 
 namespace twblas::cuda {
 
@@ -60,15 +61,6 @@ template <class T> __device__ inline void gate_store(void *g, int64_t i, bool f3
         static_cast<float *>(g)[i] = v;
     else
         store_elem(static_cast<T *>(g), i, v);
-}
-
-__device__ inline int warp_scan_incl(int v) {
-    const int lane = threadIdx.x & 31;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(kFull, v, o);
-        if (lane >= o) v += n;
-    }
-    return v;
 }
 
 // ---- pack: one warp per token, 256 gate values (8 per lane) per step
@@ -928,15 +920,16 @@ template <class T, int V> void launch_sparse_v(cudaStream_t stream, const Sparse
     check_launch("sparse_ffn");
 }
 
+// A warp covers up to 4 chunks of 16 bytes per lane (1024 bf16 values): wider rows take a team
+// of up to 8 warps, which keeps registers near 100 and occupancy up (the kernel is bound by
+// instruction latency, not bandwidth: ncu at D = 2048 with one warp of 177 registers showed 7
+// warps per SM, stalls on dependent instructions).
+constexpr int kWarpChunks = 4, kMaxTeamWarps = 8;
+
 template <class T> void launch_sparse(cudaStream_t stream, const SparseArgs<T> &a) {
     constexpr int E = Chunk<T>::n;
-    // a warp covers up to 4 chunks of 16 bytes per lane (1024 bf16 values): wider rows take a
-    // team of warps, which keeps registers near 100 and occupancy up (the kernel is bound by
-    // instruction latency, not bandwidth: ncu at D = 2048 with one warp of 177 registers showed
-    // 7 warps per SM, stalls on dependent instructions)
-    const int64_t per_warp_max = 4 * 32 * E;
-    const int warps = std::max(1, ceil_div(a.dp, per_warp_max));
-    if (warps > 8) fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports D up to %lld", static_cast<long long>(8 * per_warp_max));
+    const int64_t per_warp_max = kWarpChunks * 32 * E;
+    const int warps = std::max(1, ceil_div(a.dp, per_warp_max));  // dp <= ffn_max_model_dim (twCreateFfn)
     const int v_needed = ceil_div(a.dp, static_cast<int64_t>(warps) * 32 * E);
     if (v_needed <= 1)
         launch_sparse_v<T, 1>(stream, a, warps);
@@ -1097,6 +1090,10 @@ void ffn_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, c
     });
 }
 
+int64_t ffn_max_model_dim(twDataType_t type) {
+    return int64_t{kMaxTeamWarps} * kWarpChunks * 32 * (16 / static_cast<int64_t>(elem_bytes(type)));
+}
+
 int ffn_splits(int64_t m) {
     // small M: deal each token's units to several teams so that the GPU has enough loads in
     // flight; the split count depends on M alone, so results stay reproducible
@@ -1107,7 +1104,7 @@ int ffn_splits(int64_t m) {
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes) {
     WorkspaceCarver c(workspace);
     FfnScratch s{};
-    s.lt_bytes = size_t{32} << 20;
+    s.lt_bytes = GemmRunner::kWorkspaceBytes;
     s.lt_workspace = c.take<char>(s.lt_bytes);
     const bool gate_f32 = gate_is_f32(p);
     s.ldg = p.hp;

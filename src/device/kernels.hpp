@@ -89,6 +89,8 @@ struct FfnScratch {
 };
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
 int ffn_splits(int64_t m);
+/// Largest model dimension D the fused kernel takes for a value type (a team of warps per token).
+int64_t ffn_max_model_dim(twDataType_t type);
 /// Decode (M <= 4 tokens, 16-bit types, D <= 4096): one kernel computes the gate, the unit
 /// choice and the up/down projections (no cuBLAS, no packing pass), a second sums per token.
 bool ffn_decode_applies(const FfnProblem &p);

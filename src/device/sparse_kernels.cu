@@ -49,15 +49,6 @@ __device__ inline bool keeps(uint32_t bits, twDataType_t t, twConvertOp_t op) {
 
 __device__ inline uint32_t lane_id() { return threadIdx.x & 31u; }
 
-/// Inclusive warp scan.
-__device__ inline int warp_scan(int v) {
-    for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xffffffffu, v, o);
-        if (static_cast<int>(lane_id()) >= o) v += n;
-    }
-    return v;
-}
-
 struct SparseArgs {
     uint8_t *base;
     twDataType_t type;
@@ -122,7 +113,7 @@ __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, SparseArgs out,
             if (c < out.cols && keeps(bits[j], out.type, op)) ++n;
             else bits[j] = 0xffffffffu;  // marks "not kept"
         }
-        const int incl = warp_scan(n), excl = incl - n;
+        const int incl = warp_scan_incl(n), excl = incl - n;
         const int tile_base = __shfl_sync(0xffffffffu, excl, first);
         const int tile_count = __shfl_sync(0xffffffffu, incl, first + lanes_per_tile - 1) - tile_base;
         const int64_t tile = (c0 + first * 8) / out.tile;
