@@ -267,20 +267,7 @@ class CudaBackend final : public Backend {
             // through the gathered kernels, whose row count is read on the device
             cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), hidden != nullptr, false);
             const int64_t cap = dense_path_capacity(st, p, s);
-            if (cap > 0) {
-                const cuda::MatrixArg xa = cuda::matrix_arg(x), ya = cuda::matrix_arg(y);
-                if (p.gated) {
-                    cuda::ffn_dense_gather(stream(), p, xa, s, cap);
-                    gemm_.run(stream(), 1.0f, {s.xc, cap, p.d, p.dp, TW_ORDER_ROW, p.type},
-                              {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type}, {s.up, s.ldg, p.type},
-                              s.lt_workspace, s.lt_bytes);
-                }
-                cuda::ffn_dense_rows_hidden(stream(), p, s, cap, hidden != nullptr);
-                gemm_.run(stream(), 1.0f, {s.up, cap, p.h, s.ldg, TW_ORDER_ROW, p.type},
-                          {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {s.xc, p.dp, p.type},
-                          s.lt_workspace, s.lt_bytes);
-                cuda::ffn_dense_scatter(stream(), p, ya, s, cap);
-            }
+            run_dense_path(st, p, s, x, y, cap, hidden != nullptr);
             cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, hidden != nullptr, cap);
             first_dense = cap;
         }
@@ -311,19 +298,81 @@ class CudaBackend final : public Backend {
         check(cudaMemsetAsync(st.counts.get(), 0, st.counts.bytes(), stream()), "cudaMemsetAsync");
     }
 
-    // ---- training: not on the GPU yet
-    size_t ffn_saved_bytes(const twFfnDescr &, int64_t) override { no_training("twSpGEMMFusedSaved_bufferSize"); }
-    void ffn_forward_train(twFfnDescr &, const twDnMatDescr &, const twDnMatDescr &, void *, void *) override {
-        no_training("twSpGEMMFusedForwardTrain");
+    // ---- training: the forward saves each sparse row's active units with g and u (the rows
+    // on the dense path keep only their id and are recomputed exactly in the backward)
+    size_t ffn_saved_bytes(const twFfnDescr &ffn, int64_t tokens) override {
+        return cuda::saved_layout(training_problem(ffn, tokens)).total;
     }
-    size_t ffn_backward_workspace(const twFfnDescr &, int64_t) override { no_training("twSpGEMMFusedBackward"); }
-    void ffn_backward(twFfnDescr &, const twDnMatDescr &, const void *, const twDnMatDescr &, float,
-                      const twDnMatDescr &, const twDnMatDescr *, const twDnMatDescr &, const twDnMatDescr &,
-                      void *) override {
-        no_training("twSpGEMMFusedBackward");
+    void ffn_forward_train(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y, void *saved,
+                           void *workspace) override {
+        CudaFfnState &st = state_of(ffn);
+        const cuda::FfnProblem p = training_problem(ffn, x.rows);
+        cuda::FfnScratch s = cuda::carve_ffn_scratch(workspace, p, nullptr);
+        cuda::prepare_saved(stream(), p, saved, s);
+        const twDataType_t gate_type = p.highest ? TW_R_32F : p.type;
+        const cuda::FfnWeights w{st.gate.get(), st.pair.get(), p.gated ? 2 * p.dp : p.dp, st.down_t.get()};
+        if (!capturing()) absorb_feedback(st, p.h);
+        gemm_.run(stream(), 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
+                  {s.gate, s.ldg, gate_type}, s.lt_workspace, s.lt_bytes);
+        cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), false, false);
+        const int64_t cap = dense_path_capacity(st, p, s);
+        run_dense_path(st, p, s, x, y, cap, false);
+        cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, false, cap);
+        cuda::ffn_finish(stream(), p, s, false, cap, st.stats.get<cuda::FfnDeviceStats>(), nullptr);
+        post_feedback(st);
+    }
+    size_t ffn_backward_workspace(const twFfnDescr &ffn, int64_t tokens) override {
+        size_t bytes = 0;
+        cuda::carve_train_scratch(nullptr, training_problem(ffn, tokens), &bytes);
+        return bytes;
+    }
+    void ffn_backward(twFfnDescr &ffn, const twDnMatDescr &x, const void *saved, const twDnMatDescr &dy, float l1_coeff,
+                      const twDnMatDescr &dx, const twDnMatDescr *dwg, const twDnMatDescr &dwu, const twDnMatDescr &dwd,
+                      void *workspace) override {
+        CudaFfnState &st = state_of(ffn);
+        const cuda::FfnProblem p = training_problem(ffn, x.rows);
+        const cuda::TrainScratch s = cuda::carve_train_scratch(workspace, p, nullptr);
+        const cuda::FfnWeights w{st.gate.get(), st.pair.get(), p.gated ? 2 * p.dp : p.dp, st.down_t.get()};
+        cuda::BackwardArgs b{};
+        b.x = cuda::matrix_arg(x);
+        b.dy = cuda::matrix_arg(dy);
+        b.dx = cuda::matrix_arg(dx);
+        if (dwg) b.dwg = cuda::matrix_arg(*dwg);
+        b.dwu = cuda::matrix_arg(dwu);
+        b.dwd = cuda::matrix_arg(dwd);
+        b.l1_scale = p.m > 0 ? l1_coeff / static_cast<float>(p.m) : 0.0f;
+        cuda::ffn_backward(stream(), p, w, saved, b, s);
     }
 
   private:
+    /// The cuBLAS part of the dense path: the first `cap` rows of the dense list (the rest go
+    /// through the gathered kernels of ffn_sparse).
+    void run_dense_path(const CudaFfnState &st, const cuda::FfnProblem &p, const cuda::FfnScratch &s,
+                        const twDnMatDescr &x, const twDnMatDescr &y, int64_t cap, bool write_hidden) {
+        if (cap <= 0) return;
+        const cuda::MatrixArg xa = cuda::matrix_arg(x), ya = cuda::matrix_arg(y);
+        if (p.gated) {
+            cuda::ffn_dense_gather(stream(), p, xa, s, cap);
+            gemm_.run(stream(), 1.0f, {s.xc, cap, p.d, p.dp, TW_ORDER_ROW, p.type},
+                      {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type}, {s.up, s.ldg, p.type}, s.lt_workspace,
+                      s.lt_bytes);
+        }
+        cuda::ffn_dense_rows_hidden(stream(), p, s, cap, write_hidden);
+        gemm_.run(stream(), 1.0f, {s.up, cap, p.h, s.ldg, TW_ORDER_ROW, p.type},
+                  {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {s.xc, p.dp, p.type}, s.lt_workspace,
+                  s.lt_bytes);
+        cuda::ffn_dense_scatter(stream(), p, ya, s, cap);
+    }
+
+    /// The training problem: token ids in the backward's sort are 32-bit slot numbers.
+    static cuda::FfnProblem training_problem(const twFfnDescr &ffn, int64_t tokens) {
+        const cuda::FfnProblem p = problem_of(ffn, tokens);
+        if (tokens * int64_t{cuda::kSavedEll} >= (int64_t{1} << 31))
+            fail(TW_STATUS_NOT_SUPPORTED, "CUDA training: up to %lld tokens per call; got %lld",
+                 static_cast<long long>(((int64_t{1} << 31) - 1) / cuda::kSavedEll), static_cast<long long>(tokens));
+        return p;
+    }
+
     cudaStream_t stream() const { return static_cast<cudaStream_t>(*stream_slot_); }
 
     bool capturing() const {
@@ -373,11 +422,6 @@ class CudaBackend final : public Backend {
               "cudaMemcpyAsync");
         check(cudaEventRecord(st.feedback_ready, stream()), "cudaEventRecord");
         st.feedback_pending = true;
-    }
-
-    [[noreturn]] static void no_training(const char *routine) {
-        fail(TW_STATUS_NOT_SUPPORTED, "%s: the CUDA backend has no training kernels yet; use a TW_BACKEND_CPU handle",
-             routine);
     }
 
     static cuda::GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }

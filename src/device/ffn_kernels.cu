@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "cuda_util.cuh"
+#include "device_values.cuh"
 #include "kernels.hpp"
 #include "lt_gemm.hpp"
 
@@ -25,43 +26,6 @@ constexpr unsigned kFull = 0xffffffffu;
 struct MaxOp {
     __device__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
 };
-
-// ---- 16-byte chunks of 8 (16-bit) or 4 (fp32) values
-
-template <class T> struct Chunk;
-template <> struct Chunk<__nv_bfloat16> {
-    static constexpr int n = 8;
-    __device__ static float get(const uint4 &c, int i) {
-        const uint32_t w = (&c.x)[i / 2];
-        return __uint_as_float(i % 2 ? (w & 0xffff0000u) : (w << 16));
-    }
-};
-template <> struct Chunk<__half> {
-    static constexpr int n = 8;
-    __device__ static float get(const uint4 &c, int i) {
-        const uint32_t w = (&c.x)[i / 2];
-        return __half2float(__ushort_as_half(static_cast<unsigned short>(i % 2 ? w >> 16 : w & 0xffffu)));
-    }
-};
-template <> struct Chunk<float> {
-    static constexpr int n = 4;
-    __device__ static float get(const uint4 &c, int i) { return __uint_as_float((&c.x)[i]); }
-};
-
-template <class T> __device__ inline float load_elem(const T *p, int64_t i) { return Value<T>::to_float(p[i]); }
-template <> __device__ inline float load_elem<float>(const float *p, int64_t i) { return p[i]; }
-template <class T> __device__ inline void store_elem(T *p, int64_t i, float v) { p[i] = Value<T>::from_float(v); }
-
-/// Gate value (type T, or fp32 in HIGHEST_PRECISION) as fp32.
-template <class T> __device__ inline float gate_value(const void *g, int64_t i, bool f32) {
-    return f32 ? static_cast<const float *>(g)[i] : load_elem(static_cast<const T *>(g), i);
-}
-template <class T> __device__ inline void gate_store(void *g, int64_t i, bool f32, float v) {
-    if (f32)
-        static_cast<float *>(g)[i] = v;
-    else
-        store_elem(static_cast<T *>(g), i, v);
-}
 
 // ---- pack: one warp per token, 256 gate values (8 per lane) per step
 
@@ -198,29 +162,8 @@ template <class T> struct SparseArgs {
     float *row_l1;
     int splits;      // > 1: the units of a token are dealt round-robin to `splits` teams, which
     float *partial;  // write fp32 partial rows [split][m][dp] and l1 [split][m] for reduce_splits
+    void *save_g, *save_u;  // training: g and u of list slot i at [row * cap + i] (gate type)
 };
-
-// Asynchronous copies (cp.async): a unit's rows stream into shared memory kStages - 1 units
-// ahead of the one being computed, without holding registers. Each thread copies exactly the 16-byte
-// chunks it later reads (and its own copy of the unit's gate word), so no barrier is needed.
-// The weights (Wu_j, Wd_j pairs: 46 MB at the paper's shape) are re-read by every token that
-// uses the unit: they are kept in L2 (evict_last), while X and the gate stream past
-// (evict_first), so the 184 MB gate buffer does not flush them.
-__device__ inline uint64_t l2_keep_policy() {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
-__device__ inline void cp_async16(void *dst, const void *src, uint64_t policy) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "l"(policy));
-}
-__device__ inline void cp_async4(void *dst, const void *src) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 constexpr int kStages = 2;  // units in shared memory per team: the current one and one ahead
 
@@ -311,7 +254,7 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
             const uint4 q = make_uint4(gword, 0, 0, 0);
             g = Chunk<T>::get(q, col & 1);
         }
-        float h = g;
+        float h = g, u = 0.0f;
         if (a.gated) {
             // E independent partial sums: a single chain of V * E dependent FMAs was the
             // kernel's main stall (ncu: "wait" 39 %, 2 warps per scheduler)
@@ -339,10 +282,15 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
                 for (int ww = 0; ww < warps; ++ww) dot += partial[parity][ww];
                 parity ^= 1;
             }
-            const float u = a.highest ? dot : round_to<T>(dot);
+            u = a.highest ? dot : round_to<T>(dot);
             h = a.highest ? g * u : round_to<T>(g * u);
         }
         l1 += fabsf(h);
+        if (a.save_g && t == 0) {
+            const int64_t slot = row * a.cap + first + split + k * splits;
+            gate_store<T>(a.save_g, slot, a.gate_f32, g);
+            if (a.gated) gate_store<T>(a.save_u, slot, a.gate_f32, u);
+        }
         if (a.write_h && t == 0) gate_store<T>(a.gate, row * a.ldg + col, a.gate_f32, h);
         const T *wd = w + (a.gated ? a.dp : 0);
 #pragma unroll
@@ -968,11 +916,8 @@ template <class T>
 void pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
           bool zero_inactive, bool dense_mode) {
     check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
-    // per-row break-even of gathers (8 KB per unit for D = 2048) against a GEMM row (4 D H
-    // flops): about H / 32 units; never below what the TwELL tiles hold on average
-    const int row_limit = static_cast<int>(std::max<int64_t>(p.h / 32, 64));
     PackArgs<T> pk{s.gate, s.ldg, p.m, p.h, gate_is_f32(p), zero_inactive, p.tile, p.slots, s.cap,
-                   s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, row_limit,
+                   s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
                    dense_mode && p.gated ? static_cast<const T *>(s.up) : nullptr, dense_mode, s.row_l1};
     pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
     check_launch("pack_rows");
@@ -989,7 +934,8 @@ void sparse_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, 
     };
     SparseArgs<T> sp{static_cast<const T *>(x.ptr), x.rs, x.cs, aligned(x), static_cast<T *>(y.ptr), y.rs, y.cs,
                      aligned(y), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, s.gate, s.ldg,
-                     gate_f32, p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1, s.splits, s.partial};
+                     gate_f32, p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1, s.splits, s.partial,
+                     s.save_g, s.save_u};
     launch_sparse<T>(stream, sp);
     if (s.splits > 1) {
         reduce_splits<T><<<std::max(1, std::min(1024, ceil_div(p.m * p.d, 256))), 256, 0, stream>>>(
@@ -1094,6 +1040,12 @@ int64_t ffn_max_model_dim(twDataType_t type) {
     return int64_t{kMaxTeamWarps} * kWarpChunks * 32 * (16 / static_cast<int64_t>(elem_bytes(type)));
 }
 
+int32_t ffn_list_width(const FfnProblem &p) {
+    // a row that fits every TwELL tile has at most tiles x slots active units
+    const int64_t tiles = (p.h + p.tile - 1) / p.tile;
+    return static_cast<int32_t>(std::min<int64_t>(tiles * p.slots, p.h));
+}
+
 int ffn_splits(int64_t m) {
     // small M: deal each token's units to several teams so that the GPU has enough loads in
     // flight; the split count depends on M alone, so results stay reproducible
@@ -1113,9 +1065,11 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
     s.up = gate_f32 ? nullptr : c.take<char>(static_cast<size_t>(p.m * p.hp) * 2);
     // the cuBLAS dense path's compacted X rows, then its Y rows
     s.xc = gate_f32 ? nullptr : c.take<char>(static_cast<size_t>(p.m * p.dp) * 2);
-    const int64_t tiles = (p.h + p.tile - 1) / p.tile;
-    s.cap = static_cast<int32_t>(std::min<int64_t>(tiles * p.slots, p.h));
+    s.cap = ffn_list_width(p);
     s.idx = c.take<uint16_t>(static_cast<size_t>(p.m * s.cap));
+    // per-row break-even of gathers (8 KB per unit for D = 2048) against a GEMM row (4 D H
+    // flops): about H / 32 units; never below what the TwELL tiles hold on average
+    s.row_limit = static_cast<int32_t>(std::max<int64_t>(p.h / 32, 64));
     s.count = c.take<int32_t>(static_cast<size_t>(p.m));
     s.row_nnz = c.take<int32_t>(static_cast<size_t>(p.m));
     s.row_l1 = c.take<float>(static_cast<size_t>(p.m));

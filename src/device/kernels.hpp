@@ -81,6 +81,8 @@ struct FfnScratch {
     uint32_t *dense_count;  // = header
     int32_t *dense_rows;    // M
     int32_t *writer_flags;  // M (hidden output)
+    int32_t row_limit;      // rows with more active units take the dense path
+    void *save_g, *save_u;  // training forward: g and u per list slot (else NULL)
     int splits;             // teams per token (small M), see ffn_splits
     float *partial;         // splits x M x dp partial rows, then splits x M l1 (splits > 1)
     int32_t *dec_zero;      // decode: row_nnz [M], list counts [M], tile counts [M x NT] (zeroed)
@@ -89,6 +91,8 @@ struct FfnScratch {
 };
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
 int ffn_splits(int64_t m);
+/// Width of the per-token active-unit lists (the most units a row without tile overflow has).
+int32_t ffn_list_width(const FfnProblem &p);
 /// Largest model dimension D the fused kernel takes for a value type (a team of warps per token).
 int64_t ffn_max_model_dim(twDataType_t type);
 /// Decode (M <= 4 tokens, 16-bit types, D <= 4096): one kernel computes the gate, the unit
@@ -128,5 +132,51 @@ void ffn_dense_scatter(cudaStream_t stream, const FfnProblem &p, const MatrixArg
 /// Statistics (and the l1 of dense-path rows), then the optional hidden output from h.
 void ffn_finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, int64_t first,
                 FfnDeviceStats *stats, const twSpMatDescr *hidden);
+
+}  // namespace twblas::cuda
+
+namespace twblas::cuda {
+
+// ---- training (train_kernels.cu)
+
+/// Width of the saved ELL part: rows with more active units are recomputed in the backward.
+constexpr int32_t kSavedEll = 128;
+
+/// The training forward's saved state, in the caller's buffer (offsets in bytes): a header
+/// (shape, type, mode), the dense-list count (and the forward's finishing ticket), each row's
+/// count (-1 or -2: a row on the dense path, recomputed from X in the backward), the dense list,
+/// and an ELL part: each sparse row's active units in ascending order with their g and u (gate
+/// type). At the paper's shape it is 1/14 of a dense bf16 h.
+struct SavedLayout {
+    int32_t ell;
+    size_t header, words, count, dense_rows, idx, g, u, total;
+};
+SavedLayout saved_layout(const FfnProblem &p);
+/// Writes the header and points the forward's lists, counts and saved g/u into `saved`.
+void prepare_saved(cudaStream_t stream, const FfnProblem &p, void *saved, FfnScratch &s);
+
+/// The backward's workspace.
+struct TrainScratch {
+    uint32_t *keys, *keys_sorted;  // M x ell: unit id of each slot (H when empty)
+    int32_t *slots, *slots_sorted;
+    void *sort_temp;
+    size_t sort_bytes;
+    int32_t *rows_key, *rows_sorted;  // the dense list in ascending row order
+    void *rows_temp;
+    size_t rows_bytes;
+    int32_t *unit_start;  // H + 1
+    void *dz, *du;        // M x ell, gate type
+    void *rz, *ru, *rh;   // recomputed rows: M x hp, gate type
+    float *dw_dense;      // 3 x H x dp: the recomputed rows' weight-gradient terms
+};
+TrainScratch carve_train_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
+
+struct BackwardArgs {
+    MatrixArg x, dy, dx, dwg, dwu, dwd;  // dwg.ptr NULL for a plain FFN
+    float l1_scale;                      // l1Coeff / M
+};
+/// dX, dWg, dWu, dWd from the saved state; deterministic (no atomics on values).
+void ffn_backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const void *saved,
+                  const BackwardArgs &b, const TrainScratch &s);
 
 }  // namespace twblas::cuda
