@@ -189,6 +189,40 @@ double bound(const TrainCase &c, bool gradient) {
     return (gradient ? 16 : 8) * unit_roundoff(c.type);
 }
 
+/// Tokens and units with a pre-activation within rounding of zero (|z| < 1e-5 |x| |w|, in fp64
+/// on the rounded data): GPU and CPU sum z in different orders, so such a unit may fire on one
+/// side only. Its h is then about 0 (Y and dWdown do not notice) but dz = dh u is not, so the
+/// token's dX row and the unit's dWgate (dWup when plain) row may differ: those rows are left
+/// out of the comparison, and there must be few of them.
+struct Kinks {
+    std::vector<char> token, unit;
+    int64_t pairs = 0;
+};
+Kinks near_kinks(const TrainCase &c, const TrainData &data) {
+    const std::vector<float> x = rounded(data.x, c.type), w = rounded(c.gated ? data.wg : data.wu, c.type);
+    Kinks k{std::vector<char>(static_cast<size_t>(c.m), 0), std::vector<char>(static_cast<size_t>(c.h), 0), 0};
+    std::vector<double> wn(static_cast<size_t>(c.h), 0.0);
+    for (int64_t j = 0; j < c.h; ++j)
+        for (int64_t q = 0; q < c.d; ++q) wn[j] += double(w[j * c.d + q]) * w[j * c.d + q];
+    for (int64_t t = 0; t < c.m; ++t) {
+        double xn = 0;
+        for (int64_t q = 0; q < c.d; ++q) xn += double(x[t * c.d + q]) * x[t * c.d + q];
+        for (int64_t j = 0; j < c.h; ++j) {
+            double z = 0;
+            for (int64_t q = 0; q < c.d; ++q) z += double(x[t * c.d + q]) * w[j * c.d + q];
+            if (std::fabs(z) < 1e-5 * std::sqrt(xn * wn[j])) k.token[t] = k.unit[j] = 1, ++k.pairs;
+        }
+    }
+    return k;
+}
+
+/// `v` (rows x cols, row-major) with the flagged rows set to zero.
+std::vector<double> without_rows(std::vector<double> v, const std::vector<char> &rows, int64_t cols) {
+    for (size_t r = 0; r < rows.size(); ++r)
+        if (rows[r]) std::fill(v.begin() + static_cast<long>(r * cols), v.begin() + static_cast<long>((r + 1) * cols), 0.0);
+    return v;
+}
+
 void check_against_reference(const TrainCase &c) {
     const TrainData data = make_data(c);
     const TrainResult cpu = run_train(c, data, TW_BACKEND_CPU);
@@ -202,17 +236,23 @@ void check_against_reference(const TrainCase &c) {
         REQUIRE(gpu.bits == cpu.bits);
         return;
     }
-    auto check = [&](const char *name, const std::vector<double> &got, const std::vector<double> &want, bool gradient) {
+    const Kinks kinks = near_kinks(c, data);
+    INFO(kinks.pairs << " (token, unit) pairs within rounding of the ReLU kink");
+    CHECK(kinks.pairs <= std::max<int64_t>(3, c.m / 10));
+    const std::vector<char> none;
+    auto check = [&](const char *name, const std::vector<double> &got, const std::vector<double> &want, bool gradient,
+                     const std::vector<char> &skip) {
         for (double v : got) REQUIRE(std::isfinite(v));  // every element written (outputs poisoned with NaN)
-        const ErrorReport e = compare(got, want, c.d);
+        const ErrorReport e = skip.empty() ? compare(got, want, c.d)
+                                           : compare(without_rows(got, skip, c.d), without_rows(want, skip, c.d), c.d);
         INFO(name << ": relative error " << e.rel << ", worst " << e.worst);
         CHECK(e.rel <= bound(c, gradient));
     };
-    check("Y", gpu.y, cpu.y, false);
-    check("dX", gpu.dx, cpu.dx, true);
-    if (c.gated) check("dWgate", gpu.dwg, cpu.dwg, true);
-    check("dWup", gpu.dwu, cpu.dwu, true);
-    check("dWdown", gpu.dwd, cpu.dwd, true);
+    check("Y", gpu.y, cpu.y, false, none);
+    check("dX", gpu.dx, cpu.dx, true, kinks.token);
+    if (c.gated) check("dWgate", gpu.dwg, cpu.dwg, true, kinks.unit);
+    check("dWup", gpu.dwu, cpu.dwu, true, c.gated ? none : kinks.unit);
+    check("dWdown", gpu.dwd, cpu.dwd, true, none);
 }
 
 }  // namespace

@@ -309,6 +309,10 @@ class CudaBackend final : public Backend {
         const cuda::FfnProblem p = training_problem(ffn, x.rows);
         cuda::FfnScratch s = cuda::carve_ffn_scratch(workspace, p, nullptr);
         cuda::prepare_saved(stream(), p, saved, s);
+        if (p.m == 0) {  // the saved state of no tokens: a header and an empty dense list
+            check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream()), "cudaMemsetAsync");
+            return;
+        }
         const twDataType_t gate_type = p.highest ? TW_R_32F : p.type;
         const cuda::FfnWeights w{st.gate.get(), st.pair.get(), p.gated ? 2 * p.dp : p.dp, st.down_t.get()};
         if (!capturing()) absorb_feedback(st, p.h);
