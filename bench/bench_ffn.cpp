@@ -10,7 +10,11 @@
 // dense cuBLAS FFN) before timing, and rotate over three copies of X and of the weights so that
 // repeated runs do not sit in L2. Timing: CUDA events, warm-up, 5 repetitions (median reported).
 //
-//   twblas-bench [--suite=full|profiles|decode|smoke] [Google Benchmark flags]
+//   train_*     forward + backward: twSpGEMMFusedForwardTrain + twSpGEMMFusedBackward against the
+//               dense step (nine GEMMs' worth: [g|u], h, y; dH, dX, [dWg; dWu], dWd), gradients
+//               verified against it before timing
+//
+//   twblas-bench [--suite=full|profiles|decode|train|smoke] [Google Benchmark flags]
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 #include <cusparse.h>
@@ -433,6 +437,165 @@ void bm_cpu(benchmark::State &state, Shape s, std::string profile, int64_t max_m
     add_problem_counters(state, *p, m);
 }
 
+
+// ---- training: forward + backward
+
+constexpr float kL1Coeff = 1e-3f;
+
+/// Gradient buffers (bf16, row-major): dX (M x D), [dWg; dWu] (2H x D), dWd (H x D).
+struct TrainGrads {
+    std::unique_ptr<DevMem> dx, dwgu, dwd;
+    TrainGrads(int64_t m, Shape s)
+        : dx(new DevMem(static_cast<size_t>(m * s.d) * 2)), dwgu(new DevMem(static_cast<size_t>(2 * s.h * s.d) * 2)),
+          dwd(new DevMem(static_cast<size_t>(s.h * s.d) * 2)) {}
+    std::vector<uint16_t> download(const DevMem &b, size_t n) const {
+        std::vector<uint16_t> v(n);
+        ck(cudaMemcpyAsync(v.data(), b.p, n * 2, cudaMemcpyDeviceToHost, env.stream), "download");
+        ck(cudaStreamSynchronize(env.stream), "download");
+        return v;
+    }
+};
+
+/// dL/dY of the training benchmarks (bf16, M x D, seeded), one per problem.
+const DevMem &train_dy(Problem &p) {
+    static std::map<Problem *, std::unique_ptr<DevMem>> cache;
+    auto &slot = cache[&p];
+    if (!slot) {
+        std::vector<float> v(static_cast<size_t>(p.max_m * p.shape.d));
+        uint64_t state = 0x9e3779b97f4a7c15ull;
+        for (float &f : v) {  // uniform in [-1, 1): xorshift, reproducible everywhere
+            state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+            f = static_cast<float>(static_cast<double>(state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+        }
+        const auto b16 = tt::to_bf16(v);
+        slot = std::make_unique<DevMem>(b16.size() * 2);
+        ck(cudaMemcpy(slot->p, b16.data(), b16.size() * 2, cudaMemcpyHostToDevice), "upload dY");
+    }
+    return *slot;
+}
+
+/// The dense training step a user writes today: forward as dense_ffn (keeping [g | u] and h),
+/// then dH = dY Wd^T, the element-wise ReLU/product backward (with the L1 term), dX = dGU [Wg; Wu],
+/// [dWg; dWu] = dGU^T X, dWd = H^T dY: nine GEMMs' worth of flops.
+struct DenseTrain {
+    DenseBuffers fwd;
+    std::unique_ptr<DevMem> dh, dgu;
+    TrainGrads grads;
+    DenseTrain(int64_t m, Shape s)
+        : fwd(m, s), dh(new DevMem(static_cast<size_t>(m * s.h) * 2)), dgu(new DevMem(static_cast<size_t>(m * 2 * s.h) * 2)),
+          grads(m, s) {}
+};
+
+void dense_train(Problem &p, int inst, int64_t m, DenseTrain &b, const DevMem &dy) {
+    const Shape s = p.shape;
+    auto gemm = [&](GemmOperand a, GemmOperand bb, GemmOutput z) {
+        env.gemm->run(env.stream, 1.0f, a, bb, z, env.lt_ws->p, GemmRunner::kWorkspaceBytes);
+    };
+    dense_ffn(p, inst, m, b.fwd);
+    gemm({dy.p, m, s.d, s.d, TW_ORDER_ROW, TW_R_16BF}, {p.wd_rows->p, s.h, s.d, s.d, TW_ORDER_ROW, TW_R_16BF},
+         {b.dh->p, s.h, TW_R_16BF});
+    twbench::relu_mul_backward(env.stream, b.fwd.gu->p, b.dh->p, m, s.h, m > 0 ? kL1Coeff / static_cast<float>(m) : 0.0f,
+                               b.dgu->p);
+    // dX = dGU [Wg; Wu]: B = [Wg; Wu]^T (D x 2H) is the column-major view of the 2H x D weights
+    gemm({b.dgu->p, m, 2 * s.h, 2 * s.h, TW_ORDER_ROW, TW_R_16BF}, {p.wgu[inst]->p, s.d, 2 * s.h, s.d, TW_ORDER_COL, TW_R_16BF},
+         {b.grads.dx->p, s.d, TW_R_16BF});
+    // [dWg; dWu] = dGU^T X and dWd = H^T dY (column-major views of the M-row matrices)
+    gemm({b.dgu->p, 2 * s.h, m, 2 * s.h, TW_ORDER_COL, TW_R_16BF}, {p.x[inst]->p, s.d, m, s.d, TW_ORDER_COL, TW_R_16BF},
+         {b.grads.dwgu->p, s.d, TW_R_16BF});
+    gemm({b.fwd.hbuf->p, s.h, m, s.h, TW_ORDER_COL, TW_R_16BF}, {dy.p, s.d, m, s.d, TW_ORDER_COL, TW_R_16BF},
+         {b.grads.dwd->p, s.d, TW_R_16BF});
+}
+
+/// twblas's training step on one instance: twSpGEMMFusedForwardTrain + twSpGEMMFusedBackward.
+struct TwTrain {
+    twDnMatDescr_t x[kInstances]{}, y = nullptr, dy = nullptr, dx = nullptr, dwg = nullptr, dwu = nullptr, dwd = nullptr;
+    std::unique_ptr<DevMem> ybuf, saved, wsf, wsb;
+    TrainGrads grads;
+    size_t saved_bytes = 0;
+    TwTrain(Problem &p, int64_t m, const DevMem &dyb) : grads(m, p.shape) {
+        const Shape s = p.shape;
+        ybuf = std::make_unique<DevMem>(static_cast<size_t>(m * s.d) * 2);
+        for (int i = 0; i < kInstances; ++i)
+            ck(twCreateDnMat(&x[i], m, s.d, s.d, p.x[i]->p, TW_R_16BF, TW_ORDER_ROW), nullptr, "X");
+        ck(twCreateDnMat(&y, m, s.d, s.d, ybuf->p, TW_R_16BF, TW_ORDER_ROW), nullptr, "Y");
+        ck(twCreateDnMat(&dy, m, s.d, s.d, dyb.p, TW_R_16BF, TW_ORDER_ROW), nullptr, "dY");
+        ck(twCreateDnMat(&dx, m, s.d, s.d, grads.dx->p, TW_R_16BF, TW_ORDER_ROW), nullptr, "dX");
+        ck(twCreateDnMat(&dwg, s.h, s.d, s.d, grads.dwgu->p, TW_R_16BF, TW_ORDER_ROW), nullptr, "dWg");
+        ck(twCreateDnMat(&dwu, s.h, s.d, s.d, grads.dwgu->get<uint16_t>() + s.h * s.d, TW_R_16BF, TW_ORDER_ROW), nullptr,
+           "dWu");
+        ck(twCreateDnMat(&dwd, s.h, s.d, s.d, grads.dwd->p, TW_R_16BF, TW_ORDER_ROW), nullptr, "dWd");
+        size_t fw = 0, bw = 0;
+        ck(twSpGEMMFusedSaved_bufferSize(p.handle, p.ffn[0], m, &saved_bytes), p.handle, "saved size");
+        ck(twSpGEMMFused_bufferSize(p.handle, p.ffn[0], x[0], y, &fw), p.handle, "forward size");
+        ck(twSpGEMMFusedBackward_bufferSize(p.handle, p.ffn[0], m, &bw), p.handle, "backward size");
+        saved = std::make_unique<DevMem>(saved_bytes);
+        wsf = std::make_unique<DevMem>(fw);
+        wsb = std::make_unique<DevMem>(bw);
+    }
+    ~TwTrain() {
+        for (auto &d : x) twDestroyDnMat(d);
+        for (twDnMatDescr_t d : {y, dy, dx, dwg, dwu, dwd}) twDestroyDnMat(d);
+    }
+    void step(Problem &p, int i) {
+        ck(twSpGEMMFusedForwardTrain(p.handle, p.ffn[i], x[i], y, saved->p, wsf->p), p.handle, "ForwardTrain");
+        ck(twSpGEMMFusedBackward(p.handle, p.ffn[i], x[i], saved->p, dy, kL1Coeff, dx, dwg, dwu, dwd, wsb->p), p.handle,
+           "Backward");
+    }
+};
+
+void bm_train_twblas(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
+    auto p = problem(s, profile, max_m);
+    const DevMem &dy = train_dy(*p);
+    TwTrain tw(*p, m, dy);
+    // the forward's path follows the statistics of an earlier forward: one step per instance
+    for (int i = 0; i < kInstances; ++i) {
+        tw.step(*p, i);
+        twFfnStats_t si{};
+        ck(twFfnGetStats(p->handle, p->ffn[i], &si), p->handle, "stats");
+    }
+    // verify before timing: every gradient against the dense training step on the same data
+    tw.step(*p, 0);
+    twFfnStats_t st{};
+    ck(twFfnGetStats(p->handle, p->ffn[0], &st), p->handle, "stats");
+    double worst = 0;
+    {
+        DenseTrain ref(m, s);
+        dense_train(*p, 0, m, ref, dy);
+        const size_t nx = static_cast<size_t>(m * s.d), nw = static_cast<size_t>(s.h * s.d);
+        const double ex = rel_error(tw.grads.download(*tw.grads.dx, nx), ref.grads.download(*ref.grads.dx, nx));
+        const double ew = rel_error(tw.grads.download(*tw.grads.dwgu, 2 * nw), ref.grads.download(*ref.grads.dwgu, 2 * nw));
+        const double ed = rel_error(tw.grads.download(*tw.grads.dwd, nw), ref.grads.download(*ref.grads.dwd, nw));
+        state.counters["rel_err_dx"] = ex;
+        state.counters["rel_err_dwgu"] = ew;
+        state.counters["rel_err_dwd"] = ed;
+        worst = std::max({ex, ew, ed});
+    }
+    if (!(worst < 3e-2))
+        state.SkipWithError(("twblas gradients differ from the dense step: rel. error " + std::to_string(worst)).c_str());
+    auto execs = capture([&](int i) { tw.step(*p, i); });
+    time_loop(state, 1, [&](int run) { ck(cudaGraphLaunch(execs[run % kInstances], env.stream), "launch"); });
+    destroy(execs);
+    add_problem_counters(state, *p, m);
+    state.counters["mean_nnz"] = st.meanRowNnz;
+    state.counters["overflow_rows"] = static_cast<double>(st.overflowRows);
+    state.counters["saved_bytes"] = static_cast<double>(tw.saved_bytes);
+    const double dense_h = static_cast<double>(m) * static_cast<double>(s.h) * 2.0;
+    state.counters["dense_h_bytes"] = dense_h;
+    state.counters["saved_over_dense_h"] = static_cast<double>(tw.saved_bytes) / dense_h;
+}
+
+void bm_train_dense(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
+    auto p = problem(s, profile, max_m);
+    const DevMem &dy = train_dy(*p);
+    DenseTrain b(m, s);
+    auto execs = capture([&](int i) { dense_train(*p, i, m, b, dy); });
+    time_loop(state, 1, [&](int run) { ck(cudaGraphLaunch(execs[run % kInstances], env.stream), "launch"); });
+    destroy(execs);
+    add_problem_counters(state, *p, m);
+    // what the dense step keeps for the backward: [g | u] and h
+    state.counters["saved_bytes"] = static_cast<double>(m) * static_cast<double>(s.h) * 2.0 * 3.0;
+}
+
 // ---- registration
 
 void add(const std::string &name, void (*fn)(benchmark::State &, Shape, std::string, int64_t, int64_t), Shape s,
@@ -466,11 +629,25 @@ void register_group(Shape s, const std::string &profile, const std::vector<int64
     }
 }
 
+void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms) {
+    const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+    for (int64_t m : ms) {
+        add(bench_name("train_twblas", s, profile, m), bm_train_twblas, s, profile, max_m, m);
+        add(bench_name("train_dense", s, profile, m), bm_train_dense, s, profile, max_m, m);
+    }
+}
+
 void register_suite(const std::string &suite) {
     const Shape paper{2048, 5632}, llama{4096, 14336};
     if (suite == "smoke") {
         register_group({256, 1000}, "uniform-12", {64, 512}, true, true);
+        register_train({256, 1000}, "heavy-12", {1000});
         return;
+    }
+    if (suite == "full" || suite == "train") {
+        register_train(paper, "uniform-29", {16384, 65536});
+        for (const char *prof : {"uniform-24", "uniform-39", "heavy-29", "llm-29", "uniform-100", "uniform-911"})
+            register_train(paper, prof, {16384});
     }
     if (suite == "full" || suite == "decode")
         register_group(paper, "uniform-29", {1, 8, 64, 512, 4096, 16384, 65536}, suite == "full", true);

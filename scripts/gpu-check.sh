@@ -43,6 +43,13 @@ if [[ $stages == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool racecheck --error-exitcode 1 "$t" "CUDA FFN: heavy rows*,CUDA FFN: deterministic*,CUDA building blocks*" \
     >"$out/racecheck.log" 2>&1
   rc=$?; record "racecheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/racecheck.log"
+  # training: every case but the 70001-token one and the finite differences (slow under the tool)
+  t="$build/tests/test_cuda_training"
+  compute-sanitizer --tool memcheck --error-exitcode 1 "$t" "~*65536 tokens*,~*finite differences*" >"$out/memcheck-train.log" 2>&1
+  rc=$?; record "memcheck test_cuda_training" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/memcheck-train.log"
+  compute-sanitizer --tool racecheck --error-exitcode 1 "$t" "CUDA training: small-integer*,CUDA training: deterministic*" \
+    >"$out/racecheck-train.log" 2>&1
+  rc=$?; record "racecheck test_cuda_training" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/racecheck-train.log"
 fi
 
 if [[ $stages == *bench* ]]; then

@@ -5,6 +5,7 @@
 // usable GPU every case says so and passes (CI machines have none).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -238,7 +239,9 @@ void check_against_reference(const TrainCase &c) {
     }
     const Kinks kinks = near_kinks(c, data);
     INFO(kinks.pairs << " (token, unit) pairs within rounding of the ReLU kink");
-    CHECK(kinks.pairs <= std::max<int64_t>(3, c.m / 10));
+    const auto flagged = [](const std::vector<char> &v) { return std::count(v.begin(), v.end(), 1); };
+    CHECK(flagged(kinks.token) <= std::max<int64_t>(3, c.m / 4));  // most rows are compared
+    CHECK(flagged(kinks.unit) <= std::max<int64_t>(3, c.h / 10));
     const std::vector<char> none;
     auto check = [&](const char *name, const std::vector<double> &got, const std::vector<double> &want, bool gradient,
                      const std::vector<char> &skip) {
