@@ -266,7 +266,7 @@ class CudaBackend final : public Backend {
             // (cap from the last measured share of such rows, with room to spare), any beyond
             // through the gathered kernels, whose row count is read on the device
             cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), hidden != nullptr, false);
-            const int64_t cap = dense_path_capacity(st, p, s);
+            const int64_t cap = dense_path_capacity(st, p, s.up != nullptr);
             run_dense_path(st, p, s, x, y, cap, hidden != nullptr);
             cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, hidden != nullptr, cap);
             first_dense = cap;
@@ -319,7 +319,7 @@ class CudaBackend final : public Backend {
         gemm_.run(stream(), 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
                   {s.gate, s.ldg, gate_type}, s.lt_workspace, s.lt_bytes);
         cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), false, false);
-        const int64_t cap = dense_path_capacity(st, p, s);
+        const int64_t cap = dense_path_capacity(st, p, s.up != nullptr);
         run_dense_path(st, p, s, x, y, cap, false);
         cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, false, cap);
         cuda::ffn_finish(stream(), p, s, false, cap, st.stats.get<cuda::FfnDeviceStats>(), nullptr);
@@ -345,10 +345,50 @@ class CudaBackend final : public Backend {
         b.dwu = cuda::matrix_arg(dwu);
         b.dwd = cuda::matrix_arg(dwd);
         b.l1_scale = p.m > 0 ? l1_coeff / static_cast<float>(p.m) : 0.0f;
-        cuda::ffn_backward(stream(), p, w, saved, b, s);
+        cuda::backward_sort_dense(stream(), p, saved, s);
+        // the forward's dense-path rows are recomputed: the first `cap` of them through cuBLAS
+        // (cap from the measured share, as in the forward), any beyond through device-count GEMMs
+        if (!capturing()) absorb_feedback(st, p.h);
+        const int64_t cap = dense_path_capacity(st, p, s.xc != nullptr);
+        if (cap > 0) recompute_with_cublas(st, p, saved, b, s, cap);
+        cuda::ffn_backward(stream(), p, w, saved, b, s, cap);
     }
 
   private:
+    /// The backward's recompute of the first `cap` rows of the (sorted) dense list with cuBLAS:
+    /// z, u, dh; dz, du, h; dX rows; the weight-gradient terms (fp32, summed with the sparse
+    /// terms before the one rounding of dW).
+    void recompute_with_cublas(const CudaFfnState &st, const cuda::FfnProblem &p, const void *saved,
+                               const cuda::BackwardArgs &b, const cuda::TrainScratch &s, int64_t cap) {
+        const twDataType_t t = p.type;
+        const int64_t ps = p.gated ? 2 * p.dp : p.dp;
+        const void *down = static_cast<const char *>(st.pair.get()) + (p.gated ? p.dp * 2 : 0);
+        auto gemm = [&](cuda::GemmOperand a, cuda::GemmOperand bb, cuda::GemmOutput z) {
+            gemm_.run(stream(), 1.0f, a, bb, z, s.lt_workspace, s.lt_bytes);
+        };
+        cuda::backward_dense_gather(stream(), p, saved, b, s, cap);
+        gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, t}, {s.rz, p.hp, t});
+        if (p.gated)
+            gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {st.pair.get(), p.h, p.d, ps, TW_ORDER_ROW, t}, {s.ru, p.hp, t});
+        gemm({s.dyc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {down, p.h, p.d, ps, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
+        cuda::backward_dense_grads(stream(), p, s, cap, b.l1_scale);
+        // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views
+        gemm({s.rz, cap, p.h, p.hp, TW_ORDER_ROW, t}, {st.gate.get(), p.d, p.h, p.dp, TW_ORDER_COL, t},
+             {s.dxc, p.dp, TW_R_32F});
+        if (p.gated)
+            gemm({s.ru, cap, p.h, p.hp, TW_ORDER_ROW, t}, {st.pair.get(), p.d, p.h, ps, TW_ORDER_COL, t},
+                 {s.dxc + cap * p.dp, p.dp, TW_R_32F});
+        cuda::backward_dense_scatter(stream(), p, saved, b, s, cap);
+        // weight-gradient terms: dZ^T Xc, dU^T Xc, H^T dYc (column-major views of the cap-row buffers)
+        const int64_t plane = p.h * p.dp;
+        gemm({s.rz, p.h, cap, p.hp, TW_ORDER_COL, t}, {s.xc, p.d, cap, p.dp, TW_ORDER_COL, t}, {s.dw_dense, p.dp, TW_R_32F});
+        if (p.gated)
+            gemm({s.ru, p.h, cap, p.hp, TW_ORDER_COL, t}, {s.xc, p.d, cap, p.dp, TW_ORDER_COL, t},
+                 {s.dw_dense + plane, p.dp, TW_R_32F});
+        gemm({s.rh, p.h, cap, p.hp, TW_ORDER_COL, t}, {s.dyc, p.d, cap, p.dp, TW_ORDER_COL, t},
+             {s.dw_dense + 2 * plane, p.dp, TW_R_32F});
+    }
+
     /// The cuBLAS part of the dense path: the first `cap` rows of the dense list (the rest go
     /// through the gathered kernels of ffn_sparse).
     void run_dense_path(const CudaFfnState &st, const cuda::FfnProblem &p, const cuda::FfnScratch &s,
@@ -399,8 +439,8 @@ class CudaBackend final : public Backend {
 
     /// Rows of the dense path that go through cuBLAS: 1.25x the last measured share plus 64,
     /// rounded to 64 (0 when none overflowed, in deterministic mode, and for fp32 gates).
-    static int64_t dense_path_capacity(const CudaFfnState &st, const cuda::FfnProblem &p, const cuda::FfnScratch &s) {
-        if (st.dense_row_fraction <= 0.0 || p.deterministic || s.up == nullptr) return 0;
+    static int64_t dense_path_capacity(const CudaFfnState &st, const cuda::FfnProblem &p, bool cublas_ok) {
+        if (st.dense_row_fraction <= 0.0 || p.deterministic || !cublas_ok) return 0;
         const double want = 1.25 * st.dense_row_fraction * static_cast<double>(p.m) + 64.0;
         return std::min<int64_t>(p.m, (static_cast<int64_t>(want) + 63) / 64 * 64);
     }

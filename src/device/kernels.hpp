@@ -168,6 +168,11 @@ struct TrainScratch {
     void *dz, *du;        // M x ell, gate type
     void *rz, *ru, *rh;   // recomputed rows: M x hp, gate type
     float *dw_dense;      // 3 x H x dp: the recomputed rows' weight-gradient terms
+    // the cuBLAS part of the recompute (16-bit DEFAULT only; NULL otherwise)
+    void *lt_workspace;
+    size_t lt_bytes;
+    void *xc, *dyc;  // cap x dp compacted X and dY rows
+    float *dxc;      // (2 x) cap x dp: dZ Wg and dU Wu (fp32)
 };
 TrainScratch carve_train_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
 
@@ -175,8 +180,20 @@ struct BackwardArgs {
     MatrixArg x, dy, dx, dwg, dwu, dwd;  // dwg.ptr NULL for a plain FFN
     float l1_scale;                      // l1Coeff / M
 };
-/// dX, dWg, dWu, dWd from the saved state; deterministic (no atomics on values).
+// A backward is: backward_sort_dense (the dense list in ascending row order); when the forward's
+// statistics suggest a capacity `cap` (16-bit DEFAULT, not deterministic), the cuBLAS part for
+// list positions [0, cap): backward_dense_gather, z / u / dh GEMMs into rz / ru / rh (by the
+// backend), backward_dense_grads, dX GEMMs into dxc, backward_dense_scatter, weight-gradient
+// GEMMs into dw_dense; then ffn_backward (positions [cap, count) through the device-count GEMMs,
+// the token phase, the unit sort and the unit phase).
+void backward_sort_dense(cudaStream_t stream, const FfnProblem &p, const void *saved, const TrainScratch &s);
+void backward_dense_gather(cudaStream_t stream, const FfnProblem &p, const void *saved, const BackwardArgs &b,
+                           const TrainScratch &s, int64_t cap);
+void backward_dense_grads(cudaStream_t stream, const FfnProblem &p, const TrainScratch &s, int64_t cap, float l1_scale);
+void backward_dense_scatter(cudaStream_t stream, const FfnProblem &p, const void *saved, const BackwardArgs &b,
+                            const TrainScratch &s, int64_t cap);
+/// dX, dWg, dWu, dWd from the saved state; deterministic for a given `first` (no atomics on values).
 void ffn_backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const void *saved,
-                  const BackwardArgs &b, const TrainScratch &s);
+                  const BackwardArgs &b, const TrainScratch &s, int64_t first);
 
 }  // namespace twblas::cuda

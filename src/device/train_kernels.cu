@@ -19,6 +19,7 @@
 #include "cuda_util.cuh"
 #include "device_values.cuh"
 #include "kernels.hpp"
+#include "lt_gemm.hpp"
 
 namespace twblas::cuda {
 
@@ -574,6 +575,52 @@ template <class T> __global__ void __launch_bounds__(256) dev_gemm_f32(DevGemm g
     }
 }
 
+// ---- the cuBLAS part of the recompute: the first `cap` rows of the sorted dense list
+
+/// X and dY rows of list positions [0, cap) compacted (zero rows past the count: their z = 0
+/// makes every unit inactive, so they add nothing to the cuBLAS weight-gradient GEMMs).
+template <class T> __global__ void gather_pair(MatrixArg x, MatrixArg dy, const int32_t *rows, const uint32_t *count,
+                                               int64_t cap, int64_t d, int64_t dp, T *xc, T *dyc) {
+    const int64_t n = min(static_cast<int64_t>(*count), cap);
+    const T *xs = static_cast<const T *>(x.ptr), *ys = static_cast<const T *>(dy.ptr);
+    for (int64_t i = blockIdx.x; i < cap; i += gridDim.x) {
+        const int64_t r = i < n ? rows[i] : -1;
+        for (int64_t k = threadIdx.x; k < dp; k += blockDim.x) {
+            const bool in = r >= 0 && k < d;
+            xc[i * dp + k] = in ? xs[r * x.rs + k * x.cs] : Value<T>::from_float(0.0f);
+            dyc[i * dp + k] = in ? ys[r * dy.rs + k * dy.cs] : Value<T>::from_float(0.0f);
+        }
+    }
+}
+
+/// z, u, dh (cuBLAS outputs, value type) -> dz, du, h in place, as the BackwardGrad epilogue.
+template <class T> __global__ void dense_grads(T *rz, T *ru, T *rh, int64_t cap, int64_t h, int64_t hp, bool gated,
+                                               float l1_scale) {
+    for (int64_t i = blockIdx.x; i < cap; i += gridDim.x)
+        for (int64_t j = threadIdx.x; j < hp; j += blockDim.x) {
+            const int64_t at = i * hp + j;
+            const float z = Value<T>::to_float(rz[at]);
+            UnitGrad ug{0.0f, 0.0f, 0.0f};
+            if (j < h && relu_active(z))
+                ug = unit_grad<T>(z, gated ? Value<T>::to_float(ru[at]) : 0.0f, Value<T>::to_float(rh[at]), gated, false,
+                                  l1_scale);
+            rz[at] = Value<T>::from_float(ug.dz);
+            if (gated) ru[at] = Value<T>::from_float(ug.du);
+            rh[at] = Value<T>::from_float(ug.h);
+        }
+}
+
+/// dX rows of the first `cap` list positions: dZ Wg (+ dU Wu), fp32 from cuBLAS, rounded once.
+template <class T> __global__ void scatter_sum(const float *a, const float *b, int64_t ld, const int32_t *rows,
+                                               const uint32_t *count, int64_t cap, int64_t d, T *dx, int64_t rs, int64_t cs) {
+    const int64_t n = min(static_cast<int64_t>(*count), cap);
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const int64_t r = rows[i];
+        for (int64_t k = threadIdx.x; k < d; k += blockDim.x)
+            dx[r * rs + k * cs] = Value<T>::from_float(a[i * ld + k] + (b ? b[i * ld + k] : 0.0f));
+    }
+}
+
 int sm_count() {
     int sms = 132, dev = 0;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -620,7 +667,7 @@ bool vec_ok(const MatrixArg &mat, int64_t d) {
 /// and dY rows, dz, du, h in the dh GEMM's epilogue, then their dX rows and weight-gradient terms.
 template <class T>
 void recompute_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const SavedView &sv,
-                    const BackwardArgs &b, const TrainScratch &s) {
+                    const BackwardArgs &b, const TrainScratch &s, int64_t first) {
     const bool f32 = gate_f32_of(p), tc = !f32;
     const int64_t ps = w.pair_stride;
     const T *wg = static_cast<const T *>(w.gate);  // Wg (gated) or Wu (plain), dp apart
@@ -629,7 +676,7 @@ void recompute_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &
     DevGemm base{};
     base.dev_count = sv.dense_count;
     base.m_dev = true;
-    base.first = 0;
+    base.first = first;  // list positions before it went through cuBLAS
     base.m = p.m;
     base.gated = p.gated;
     base.highest = p.highest;
@@ -668,7 +715,7 @@ void recompute_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &
     dw.a_f32 = f32, dw.a_ri = 1, dw.a_ck = p.hp, dw.a_rows = nullptr;
     dw.b_f32 = b.x.type == TW_R_32F, dw.b_cj = b.x.cs, dw.b_rk = dw.b2_rk = b.x.rs, dw.b_rows = sv.dense_rows;
     dw.ksplit = p.m;
-    dw.epi = DevEpi::StoreF32, dw.c_rs = p.dp;
+    dw.epi = first > 0 ? DevEpi::AccumF32 : DevEpi::StoreF32, dw.c_rs = p.dp;
     const int64_t plane = p.h * p.dp;
     dw.a = dw.a2 = s.rz, dw.b = dw.b2 = b.x.ptr, dw.c = s.dw_dense;
     launch_dev_gemm<T>(stream, dw, tc);
@@ -730,21 +777,14 @@ size_t sort_temp_bytes(int64_t n, int bits) {
 
 template <class T>
 void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const void *saved, const BackwardArgs &b,
-              const TrainScratch &s) {
+              const TrainScratch &s, int64_t first) {
     const SavedView sv = saved_view(p, saved);
     const SavedLayout l = saved_layout(p);
     const bool f32 = gate_f32_of(p);
     if (p.m > 0) {
-        dense_row_keys<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(sv.dense_rows, sv.dense_count,
-                                                                                          p.m, s.rows_key);
-        check_launch("dense_row_keys");
-        size_t temp = s.rows_bytes;
-        check(cub::DeviceRadixSort::SortKeys(s.rows_temp, temp, s.rows_key, s.rows_sorted, static_cast<int>(p.m), 0,
-                                             key_bits(p.m), stream),
-              "cub::DeviceRadixSort");
         SavedView sorted = sv;
         sorted.dense_rows = s.rows_sorted;
-        recompute_rows<T>(stream, p, w, sorted, b, s);
+        recompute_rows<T>(stream, p, w, sorted, b, s, first);
     }
 
     TokenArgs<T> ta{static_cast<const T *>(b.dy.ptr), b.dy.rs, b.dy.cs, vec_ok(b.dy, p.d), static_cast<T *>(b.dx.ptr),
@@ -854,13 +894,66 @@ TrainScratch carve_train_scratch(void *workspace, const FfnProblem &p, size_t *b
     s.ru = c.take<char>(p.gated ? rows : 0);
     s.rh = c.take<char>(rows);
     s.dw_dense = c.take<float>(static_cast<size_t>(3 * p.h * p.dp));
+    if (!gate_f32_of(p)) {  // the cuBLAS part (16-bit DEFAULT only, as in the forward)
+        s.lt_bytes = GemmRunner::kWorkspaceBytes;
+        s.lt_workspace = c.take<char>(s.lt_bytes);
+        s.xc = c.take<char>(static_cast<size_t>(p.m * p.dp) * 2);
+        s.dyc = c.take<char>(static_cast<size_t>(p.m * p.dp) * 2);
+        s.dxc = c.take<float>(static_cast<size_t>((p.gated ? 2 : 1) * p.m * p.dp));
+    }
     if (bytes) *bytes = c.used();
     return s;
 }
 
+void backward_sort_dense(cudaStream_t stream, const FfnProblem &p, const void *saved, const TrainScratch &s) {
+    if (p.m == 0) return;
+    const SavedView sv = saved_view(p, saved);
+    dense_row_keys<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(sv.dense_rows, sv.dense_count, p.m,
+                                                                                      s.rows_key);
+    check_launch("dense_row_keys");
+    size_t temp = s.rows_bytes;
+    check(cub::DeviceRadixSort::SortKeys(s.rows_temp, temp, s.rows_key, s.rows_sorted, static_cast<int>(p.m), 0,
+                                         key_bits(p.m), stream),
+          "cub::DeviceRadixSort");
+}
+
+void backward_dense_gather(cudaStream_t stream, const FfnProblem &p, const void *saved, const BackwardArgs &b,
+                           const TrainScratch &s, int64_t cap) {
+    const SavedView sv = saved_view(p, saved);
+    by_type(p.type, [&](auto t) {
+        using T = decltype(t);
+        gather_pair<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 1024))), 256, 0, stream>>>(
+            b.x, b.dy, s.rows_sorted, sv.dense_count, cap, p.d, p.dp, static_cast<T *>(s.xc), static_cast<T *>(s.dyc));
+        check_launch("gather_pair");
+    });
+}
+
+void backward_dense_grads(cudaStream_t stream, const FfnProblem &p, const TrainScratch &s, int64_t cap, float l1_scale) {
+    by_type(p.type, [&](auto t) {
+        using T = decltype(t);
+        if constexpr (!std::is_same_v<T, float>) {
+            dense_grads<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 2048))), 256, 0, stream>>>(
+                static_cast<T *>(s.rz), static_cast<T *>(s.ru), static_cast<T *>(s.rh), cap, p.h, p.hp, p.gated, l1_scale);
+            check_launch("dense_grads");
+        }
+    });
+}
+
+void backward_dense_scatter(cudaStream_t stream, const FfnProblem &p, const void *saved, const BackwardArgs &b,
+                            const TrainScratch &s, int64_t cap) {
+    const SavedView sv = saved_view(p, saved);
+    by_type(p.type, [&](auto t) {
+        using T = decltype(t);
+        scatter_sum<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 1024))), 256, 0, stream>>>(
+            s.dxc, p.gated ? s.dxc + cap * p.dp : nullptr, p.dp, s.rows_sorted, sv.dense_count, cap, p.d,
+            static_cast<T *>(b.dx.ptr), b.dx.rs, b.dx.cs);
+        check_launch("scatter_sum");
+    });
+}
+
 void ffn_backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const void *saved,
-                  const BackwardArgs &b, const TrainScratch &s) {
-    by_type(p.type, [&](auto t) { backward<decltype(t)>(stream, p, w, saved, b, s); });
+                  const BackwardArgs &b, const TrainScratch &s, int64_t first) {
+    by_type(p.type, [&](auto t) { backward<decltype(t)>(stream, p, w, saved, b, s, first); });
 }
 
 }  // namespace twblas::cuda
