@@ -290,7 +290,7 @@ TEST_CASE("CUDA training: small-integer data give bit-identical gradients", "[cu
             }
 }
 
-TEST_CASE("CUDA training: recomputed rows through cuBLAS, and past the capacity the statistics suggested",
+TEST_CASE("CUDA training: recomputed rows through cuBLAS, past the capacity the statistics suggested, dense mode",
           "[cuda][train]") {
     // a first step with 1 row in 200 on the dense path sets the cuBLAS capacity (128 rows here);
     // then 1 row in 5 (400 rows) needs the device-count GEMMs too. Small integers: bit-identical.
@@ -301,7 +301,9 @@ TEST_CASE("CUDA training: recomputed rows through cuBLAS, and past the capacity 
         c.gated = gated;
         c.m = 2000;
         c.l1 = static_cast<float>(c.m);
-        for (int warm_every : {5, 200}) {  // 5: every recomputed row within the capacity
+        // 5: every recomputed row within the capacity; 1: a first step with every row dense
+        // puts the FFN in dense mode (cuBLAS forward, every row recomputed through cuBLAS)
+        for (int warm_every : {5, 200, 1}) {
             TrainCase w = c;
             w.heavy_every = warm_every;
             const TrainData warm = make_data(w);

@@ -251,16 +251,7 @@ class CudaBackend final : public Backend {
         gemm_.run(stream(), 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
                   {s.gate, s.ldg, gate_type}, s.lt_workspace, s.lt_bytes);
         if (dense) {
-            // dense mode: the up projection of every row, h and the statistics in one pass over
-            // the gate (ffn_pack), then the down projection
-            if (p.gated)
-                gemm_.run(stream(), 1.0f, operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
-                          {s.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
-            cuda::ffn_count_dense(stream(), p, s, st.counts.get<unsigned long long>());
-            cuda::ffn_pack(stream(), p, s, nullptr, false, true);
-            gemm_.run(stream(), 1.0f, {s.gate, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
-                      {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type},
-                      s.lt_workspace, s.lt_bytes);
+            run_dense_mode(st, p, s, x, y);
         } else {
             // rows on the dense path: the first `cap` of them through cuBLAS GEMMs of cap rows
             // (cap from the last measured share of such rows, with room to spare), any beyond
@@ -315,14 +306,23 @@ class CudaBackend final : public Backend {
         }
         const twDataType_t gate_type = p.highest ? TW_R_32F : p.type;
         const cuda::FfnWeights w{st.gate.get(), st.pair.get(), p.gated ? 2 * p.dp : p.dp, st.down_t.get()};
-        if (!capturing()) absorb_feedback(st, p.h);
+        const bool dense = choose_dense_mode(st, p, y, s);
         gemm_.run(stream(), 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
                   {s.gate, s.ldg, gate_type}, s.lt_workspace, s.lt_bytes);
-        cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), false, false);
-        const int64_t cap = dense_path_capacity(st, p, s.up != nullptr);
-        run_dense_path(st, p, s, x, y, cap, false);
-        cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, false, cap);
-        cuda::ffn_finish(stream(), p, s, false, cap, st.stats.get<cuda::FfnDeviceStats>(), nullptr);
+        if (dense) {
+            // dense mode (many active units per token, as measured by an earlier forward): the
+            // inference's dense mode, and every row is saved as one the backward recomputes
+            // (through cuBLAS: see ffn_backward)
+            run_dense_mode(st, p, s, x, y);
+            cuda::ffn_finish(stream(), p, s, true, 0, st.stats.get<cuda::FfnDeviceStats>(), nullptr);
+            cuda::saved_all_rows_dense(stream(), p, saved);
+        } else {
+            cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), false, false);
+            const int64_t cap = dense_path_capacity(st, p, s.up != nullptr);
+            run_dense_path(st, p, s, x, y, cap, false);
+            cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, false, cap);
+            cuda::ffn_finish(stream(), p, s, false, cap, st.stats.get<cuda::FfnDeviceStats>(), nullptr);
+        }
         post_feedback(st);
     }
     size_t ffn_backward_workspace(const twFfnDescr &ffn, int64_t tokens) override {
@@ -349,12 +349,27 @@ class CudaBackend final : public Backend {
         // the forward's dense-path rows are recomputed: the first `cap` of them through cuBLAS
         // (cap from the measured share, as in the forward), any beyond through device-count GEMMs
         if (!capturing()) absorb_feedback(st, p.h);
-        const int64_t cap = dense_path_capacity(st, p, s.xc != nullptr);
+        // in dense mode every row is recomputed: all of them through cuBLAS
+        const int64_t cap = st.dense_mode && !p.deterministic && s.xc ? p.m : dense_path_capacity(st, p, s.xc != nullptr);
         if (cap > 0) recompute_with_cublas(st, p, saved, b, s, cap);
         cuda::ffn_backward(stream(), p, w, saved, b, s, cap);
     }
 
   private:
+    /// Dense mode: the up projection of every row, h and the statistics in one pass over the
+    /// gate (ffn_pack), then the down projection (the gate GEMM ran before).
+    void run_dense_mode(CudaFfnState &st, const cuda::FfnProblem &p, const cuda::FfnScratch &s, const twDnMatDescr &x,
+                        const twDnMatDescr &y) {
+        if (p.gated)
+            gemm_.run(stream(), 1.0f, operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
+                      {s.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
+        cuda::ffn_count_dense(stream(), p, s, st.counts.get<unsigned long long>());
+        cuda::ffn_pack(stream(), p, s, nullptr, false, true);
+        gemm_.run(stream(), 1.0f, {s.gate, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
+                  {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type}, s.lt_workspace,
+                  s.lt_bytes);
+    }
+
     /// The backward's recompute of the first `cap` rows of the (sorted) dense list with cuBLAS:
     /// z, u, dh; dz, du, h; dX rows; the weight-gradient terms (fp32, summed with the sparse
     /// terms before the one rounding of dW).

@@ -155,6 +155,10 @@ SavedLayout saved_layout(const FfnProblem &p);
 /// Writes the header and points the forward's lists, counts and saved g/u into `saved`.
 void prepare_saved(cudaStream_t stream, const FfnProblem &p, void *saved, FfnScratch &s);
 
+/// After a dense-mode forward: every row saved as one the backward recomputes (count < 0, the
+/// dense list = all rows in order).
+void saved_all_rows_dense(cudaStream_t stream, const FfnProblem &p, void *saved);
+
 /// The backward's workspace.
 struct TrainScratch {
     uint32_t *keys, *keys_sorted;  // M x ell: unit id of each slot (H when empty)

@@ -249,6 +249,16 @@ __global__ void slot_keys(const uint16_t *idx, const int32_t *count, int64_t m, 
     }
 }
 
+/// Dense mode: every row on the dense list, in order (the statistics have been taken from count).
+__global__ void all_rows_dense(int32_t *count, int32_t *rows, uint32_t *dense_count, int64_t m) {
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < m;
+         r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        count[r] = count[r] < 0 ? count[r] : -2;
+        rows[r] = static_cast<int32_t>(r);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *dense_count = static_cast<uint32_t>(m);
+}
+
 /// The dense list (filled by atomics in the forward, so in no fixed order) as sort keys: row
 /// ids, and M past the count. Sorted, the weight-gradient sums run in ascending row order.
 __global__ void dense_row_keys(const int32_t *rows, const uint32_t *count, int64_t m, int32_t *keys) {
@@ -899,6 +909,15 @@ void prepare_saved(cudaStream_t stream, const FfnProblem &p, void *saved, FfnScr
     s.row_limit = l.ell;
     s.save_g = b + l.g;
     s.save_u = p.gated ? b + l.u : nullptr;
+}
+
+void saved_all_rows_dense(cudaStream_t stream, const FfnProblem &p, void *saved) {
+    const SavedLayout l = saved_layout(p);
+    char *b = static_cast<char *>(saved);
+    all_rows_dense<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(
+        reinterpret_cast<int32_t *>(b + l.count), reinterpret_cast<int32_t *>(b + l.dense_rows),
+        reinterpret_cast<uint32_t *>(b + l.words), p.m);
+    check_launch("all_rows_dense");
 }
 
 TrainScratch carve_train_scratch(void *workspace, const FfnProblem &p, size_t *bytes) {
