@@ -320,7 +320,10 @@ class CudaBackend final : public Backend {
             cuda::ffn_pack(stream(), p, s, st.counts.get<unsigned long long>(), false, false);
             const int64_t cap = dense_path_capacity(st, p, s.up != nullptr);
             run_dense_path(st, p, s, x, y, cap, false);
-            cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, false, cap);
+            // sparse rows through the training kernels (they also write the saved g and u), the
+            // dense path's rows past `cap` through ffn_sparse's gathered GEMMs
+            cuda::train_forward_rows(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s);
+            cuda::ffn_sparse(stream(), p, w, cuda::matrix_arg(x), cuda::matrix_arg(y), s, false, cap, false);
             cuda::ffn_finish(stream(), p, s, false, cap, st.stats.get<cuda::FfnDeviceStats>(), nullptr);
         }
         post_feedback(st);

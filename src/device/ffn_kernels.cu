@@ -162,7 +162,6 @@ template <class T> struct SparseArgs {
     float *row_l1;
     int splits;      // > 1: the units of a token are dealt round-robin to `splits` teams, which
     float *partial;  // write fp32 partial rows [split][m][dp] and l1 [split][m] for reduce_splits
-    void *save_g, *save_u;  // training: g and u of list slot i at [row * cap + i] (gate type)
 };
 
 constexpr int kStages = 2;  // units in shared memory per team: the current one and one ahead
@@ -254,7 +253,7 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
             const uint4 q = make_uint4(gword, 0, 0, 0);
             g = Chunk<T>::get(q, col & 1);
         }
-        float h = g, u = 0.0f;
+        float h = g;
         if (a.gated) {
             // E independent partial sums: a single chain of V * E dependent FMAs was the
             // kernel's main stall (ncu: "wait" 39 %, 2 warps per scheduler)
@@ -282,15 +281,10 @@ template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(Spar
                 for (int ww = 0; ww < warps; ++ww) dot += partial[parity][ww];
                 parity ^= 1;
             }
-            u = a.highest ? dot : round_to<T>(dot);
+            const float u = a.highest ? dot : round_to<T>(dot);
             h = a.highest ? g * u : round_to<T>(g * u);
         }
         l1 += fabsf(h);
-        if (a.save_g && t == 0) {
-            const int64_t slot = row * a.cap + first + split + k * splits;
-            gate_store<T>(a.save_g, slot, a.gate_f32, g);
-            if (a.gated) gate_store<T>(a.save_u, slot, a.gate_f32, u);
-        }
         if (a.write_h && t == 0) gate_store<T>(a.gate, row * a.ldg + col, a.gate_f32, h);
         const T *wd = w + (a.gated ? a.dp : 0);
 #pragma unroll
@@ -933,7 +927,7 @@ void pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigne
 
 template <class T>
 void sparse_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
-                 const FfnScratch &s, bool write_h, int64_t first) {
+                 const FfnScratch &s, bool write_h, int64_t first, bool fused_rows) {
     const bool gate_f32 = gate_is_f32(p);
     const size_t eb = elem_bytes(p.type);
     auto aligned = [&](const MatrixArg &mat) {
@@ -942,10 +936,9 @@ void sparse_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, 
     };
     SparseArgs<T> sp{static_cast<const T *>(x.ptr), x.rs, x.cs, aligned(x), static_cast<T *>(y.ptr), y.rs, y.cs,
                      aligned(y), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, s.gate, s.ldg,
-                     gate_f32, p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1, s.splits, s.partial,
-                     s.save_g, s.save_u};
-    launch_sparse<T>(stream, sp);
-    if (s.splits > 1) {
+                     gate_f32, p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1, s.splits, s.partial};
+    if (fused_rows) launch_sparse<T>(stream, sp);
+    if (fused_rows && s.splits > 1) {
         reduce_splits<T><<<std::max(1, std::min(1024, ceil_div(p.m * p.d, 256))), 256, 0, stream>>>(
             s.partial, s.splits, p.m, p.d, p.dp, s.count, static_cast<T *>(y.ptr), y.rs, y.cs, s.row_l1);
         check_launch("reduce_splits");
@@ -1130,8 +1123,8 @@ void ffn_count_dense(cudaStream_t stream, const FfnProblem &p, const FfnScratch 
 }
 
 void ffn_sparse(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
-                const FfnScratch &s, bool write_h, int64_t first) {
-    by_type(p.type, [&](auto t) { sparse_rows<decltype(t)>(stream, p, w, x, y, s, write_h, first); });
+                const FfnScratch &s, bool write_h, int64_t first, bool sparse_rows_too) {
+    by_type(p.type, [&](auto t) { sparse_rows<decltype(t)>(stream, p, w, x, y, s, write_h, first, sparse_rows_too); });
 }
 
 void ffn_finish(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, bool dense_mode, int64_t first,

@@ -122,7 +122,7 @@ void ffn_count_dense(cudaStream_t stream, const FfnProblem &p, const FfnScratch 
 /// buffer when `write_h`), rows on the dense path through gathered tensor-core GEMMs.
 /// Rows [0, first) of the dense list were done through cuBLAS (ffn_dense_*).
 void ffn_sparse(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
-                const FfnScratch &s, bool write_h, int64_t first);
+                const FfnScratch &s, bool write_h, int64_t first, bool sparse_rows = true);
 /// The cuBLAS dense path over the first `cap` rows of the dense list: gather X rows into
 /// scratch.xc, (up GEMM into scratch.up by the backend), h over scratch.up, (down GEMM into
 /// scratch.xc), scatter into Y.
@@ -155,6 +155,10 @@ SavedLayout saved_layout(const FfnProblem &p);
 /// Writes the header and points the forward's lists, counts and saved g/u into `saved`.
 void prepare_saved(cudaStream_t stream, const FfnProblem &p, void *saved, FfnScratch &s);
 
+/// The training forward's sparse rows: u, h, the saved g and u and each row's l1, then y (the
+/// rows of the dense path are left to ffn_sparse's dense part).
+void train_forward_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
+                        const MatrixArg &y, const FfnScratch &s);
 /// After a dense-mode forward: every row saved as one the backward recomputes (count < 0, the
 /// dense list = all rows in order).
 void saved_all_rows_dense(cudaStream_t stream, const FfnProblem &p, void *saved);

@@ -222,6 +222,135 @@ template <class T> __global__ void __launch_bounds__(kDxThreads) token_dx(TokenA
     if (k0 < a.d) store_chunk(a.dx, row, a.dx_rs, a.dx_cs, a.dx_vec, k0, a.d, acc);
 }
 
+
+// ---- the training forward's sparse rows, in two kernels (as the token phase of the backward):
+//   fwd_u  one warp per (token, active unit): u = x_t . Wu_j (gated), h, the saved g and u, and
+//          each token's l1 (warp sums added in warp order: deterministic);
+//   fwd_y  one block per (token, 512-column slice), slice by slice: y_t = sum h Wd_j.
+
+template <class T> struct FwdArgs {
+    const T *x;
+    int64_t x_rs, x_cs;
+    bool x_vec;
+    T *y;
+    int64_t y_rs, y_cs;
+    bool y_vec;
+    const T *pair;
+    int64_t pair_stride, dp, d, m, h;
+    const void *gate;
+    int64_t ldg;
+    bool gate_f32, gated, highest;
+    const uint16_t *idx;
+    const int32_t *count;
+    int ell;
+    void *save_g, *save_u;
+    float *row_l1;
+};
+
+template <class T> __global__ void __launch_bounds__(32 * kDhWarps) fwd_u(FwdArgs<T> a) {
+    constexpr int E = Chunk<T>::n;
+    extern __shared__ uint4 sx[];  // x_t as dp / E chunks
+    __shared__ float warp_l1[kDhWarps];
+    const int64_t row = blockIdx.x;
+    const int n = min(a.count[row], a.ell);
+    if (n < 0) return;  // the dense path
+    const int nchunks = static_cast<int>(a.dp / E);
+    if (a.gated) {
+        for (int c = threadIdx.x; c < nchunks; c += blockDim.x) {
+            float v[E];
+            load_chunk(a.x, row, a.x_rs, a.x_cs, a.x_vec, static_cast<int64_t>(c) * E, a.d, v);
+            T tmp[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) tmp[e] = Value<T>::from_float(v[e]);
+            sx[c] = *reinterpret_cast<const uint4 *>(tmp);
+        }
+        __syncthreads();
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const int64_t base = row * a.ell;
+    float l1 = 0.0f;
+    for (int k = warp; k < n; k += kDhWarps) {
+        const int64_t col = min(static_cast<int64_t>(a.idx[base + k]), a.h - 1);
+        const float g = gate_value<T>(a.gate, row * a.ldg + col, a.gate_f32);
+        float h = g, u = 0.0f;
+        if (a.gated) {
+            const T *wu = a.pair + col * a.pair_stride;
+            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int c0 = lane; c0 < nchunks; c0 += 128) {
+                uint4 w[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    if (c0 + 32 * q < nchunks) w[q] = *reinterpret_cast<const uint4 *>(wu + static_cast<int64_t>(c0 + 32 * q) * E);
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    if (c0 + 32 * q >= nchunks) break;
+                    const uint4 xq = sx[c0 + 32 * q];
+#pragma unroll
+                    for (int e = 0; e < E; ++e) part[q] = fmaf(Chunk<T>::get(xq, e), Chunk<T>::get(w[q], e), part[q]);
+                }
+            }
+            float dot = (part[0] + part[1]) + (part[2] + part[3]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(kFull, dot, o);
+            u = a.highest ? dot : round_to<T>(dot);
+            h = a.highest ? g * u : round_to<T>(g * u);
+        }
+        if (lane == 0) {
+            gate_store<T>(a.save_g, base + k, a.gate_f32, g);
+            if (a.gated) gate_store<T>(a.save_u, base + k, a.gate_f32, u);
+            l1 += fabsf(h);
+        }
+    }
+    if (lane == 0) warp_l1[warp] = l1;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int w = 0; w < kDhWarps; ++w) sum += warp_l1[w];
+        a.row_l1[row] = sum;
+    }
+}
+
+template <class T> __global__ void __launch_bounds__(kDxThreads) fwd_y(FwdArgs<T> a) {
+    constexpr int E = Chunk<T>::n;
+    __shared__ int64_t s_col[kSavedEll];
+    __shared__ float s_h[kSavedEll];
+    const int64_t row = blockIdx.x;
+    const int n = min(a.count[row], a.ell);
+    if (n < 0) return;
+    for (int k = threadIdx.x; k < n; k += kDxThreads) {
+        const int64_t at = row * a.ell + k;
+        s_col[k] = min(static_cast<int64_t>(a.idx[at]), a.h - 1);
+        const float g = elem<T>(a.save_g, at, a.gate_f32);
+        s_h[k] = a.gated ? (a.highest ? g * elem<T>(a.save_u, at, a.gate_f32)
+                                      : round_to<T>(g * elem<T>(a.save_u, at, a.gate_f32)))
+                         : g;
+    }
+    __syncthreads();
+    const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kDxThreads + threadIdx.x) * E;
+    if (k0 >= a.dp) return;
+    const T *down = a.pair + (a.gated ? a.dp : 0);
+    float acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+    constexpr int kG = 4;
+    int k = 0;
+    for (; k + kG <= n; k += kG) {
+        uint4 w[kG];
+#pragma unroll
+        for (int g = 0; g < kG; ++g) w[g] = *reinterpret_cast<const uint4 *>(down + s_col[k + g] * a.pair_stride + k0);
+#pragma unroll
+        for (int g = 0; g < kG; ++g)
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[e] = fmaf(s_h[k + g], Chunk<T>::get(w[g], e), acc[e]);
+    }
+    for (; k < n; ++k) {
+        const uint4 w = *reinterpret_cast<const uint4 *>(down + s_col[k] * a.pair_stride + k0);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(s_h[k], Chunk<T>::get(w, e), acc[e]);
+    }
+    if (k0 < a.d) store_chunk(a.y, row, a.y_rs, a.y_cs, a.y_vec, k0, a.d, acc);
+}
+
 // ---- transpose: (token, unit) slots sorted by unit
 
 /// Key of each slot: its unit id, or H for an empty slot and the slots of recomputed rows.
@@ -891,6 +1020,27 @@ void prepare_saved(cudaStream_t stream, const FfnProblem &p, void *saved, FfnScr
     s.row_limit = l.ell;
     s.save_g = b + l.g;
     s.save_u = p.gated ? b + l.u : nullptr;
+}
+
+void train_forward_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
+                        const MatrixArg &y, const FfnScratch &s) {
+    if (p.m == 0) return;
+    by_type(p.type, [&](auto tag) {
+        using T = decltype(tag);
+        constexpr int E = Chunk<T>::n;
+        FwdArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, vec_ok(x, p.d), static_cast<T *>(y.ptr), y.rs, y.cs,
+                     vec_ok(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, p.h, s.gate, s.ldg,
+                     gate_f32_of(p), p.gated, p.highest, s.idx, s.count, s.cap, s.save_g, s.save_u, s.row_l1};
+        const size_t smem = p.gated ? static_cast<size_t>(p.dp) * sizeof(T) : 0;
+        if (smem > 48 * 1024)
+            check(cudaFuncSetAttribute(fwd_u<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                  "cudaFuncSetAttribute");
+        fwd_u<T><<<static_cast<unsigned>(p.m), 32 * kDhWarps, smem, stream>>>(a);
+        check_launch("fwd_u");
+        const dim3 grid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.dp, int64_t{kDxThreads} * E)));
+        fwd_y<T><<<grid, kDxThreads, 0, stream>>>(a);
+        check_launch("fwd_y");
+    });
 }
 
 void saved_all_rows_dense(cudaStream_t stream, const FfnProblem &p, void *saved) {
