@@ -155,10 +155,11 @@ SavedLayout saved_layout(const FfnProblem &p);
 /// Writes the header and points the forward's lists, counts and saved g/u into `saved`.
 void prepare_saved(cudaStream_t stream, const FfnProblem &p, void *saved, FfnScratch &s);
 
-/// The training forward's sparse rows: u, h, the saved g and u and each row's l1, then y (the
-/// rows of the dense path are left to ffn_sparse's dense part).
-void train_forward_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
-                        const MatrixArg &y, const FfnScratch &s);
+/// The forward's sparse rows in two passes (a warp per active unit for u and h, then y by column
+/// slices): u, h (saved as g and u when s.save_g, else written over the gate buffer) and each
+/// row's l1, then y. The rows of the dense path are left to ffn_sparse's dense part.
+void ffn_rows_split(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
+                    const MatrixArg &y, const FfnScratch &s);
 /// After a dense-mode forward: every row saved as one the backward recomputes (count < 0, the
 /// dense list = all rows in order).
 void saved_all_rows_dense(cudaStream_t stream, const FfnProblem &p, void *saved);

@@ -223,9 +223,11 @@ template <class T> __global__ void __launch_bounds__(kDxThreads) token_dx(TokenA
 }
 
 
-// ---- the training forward's sparse rows, in two kernels (as the token phase of the backward):
-//   fwd_u  one warp per (token, active unit): u = x_t . Wu_j (gated), h, the saved g and u, and
-//          each token's l1 (warp sums added in warp order: deterministic);
+// ---- the forward's sparse rows, in two kernels (as the token phase of the backward), used by
+// the training forward and by the inference forward at M > 512 (one team per token):
+//   fwd_u  one warp per (token, active unit): u = x_t . Wu_j (gated), h (saved as g and u in
+//          training, written over the gate value otherwise), and each token's l1 (warp sums
+//          added in warp order: deterministic);
 //   fwd_y  one block per (token, 512-column slice), slice by slice: y_t = sum h Wd_j.
 
 template <class T> struct FwdArgs {
@@ -243,7 +245,7 @@ template <class T> struct FwdArgs {
     const uint16_t *idx;
     const int32_t *count;
     int ell;
-    void *save_g, *save_u;
+    void *save_g, *save_u;  // training: g and u per slot; NULL: h goes over the gate value
     float *row_l1;
 };
 
@@ -296,8 +298,12 @@ template <class T> __global__ void __launch_bounds__(32 * kDhWarps) fwd_u(FwdArg
             h = a.highest ? g * u : round_to<T>(g * u);
         }
         if (lane == 0) {
-            gate_store<T>(a.save_g, base + k, a.gate_f32, g);
-            if (a.gated) gate_store<T>(a.save_u, base + k, a.gate_f32, u);
+            if (a.save_g) {
+                gate_store<T>(a.save_g, base + k, a.gate_f32, g);
+                if (a.gated) gate_store<T>(a.save_u, base + k, a.gate_f32, u);
+            } else {
+                gate_store<T>(const_cast<void *>(a.gate), row * a.ldg + col, a.gate_f32, h);
+            }
             l1 += fabsf(h);
         }
     }
@@ -312,18 +318,22 @@ template <class T> __global__ void __launch_bounds__(32 * kDhWarps) fwd_u(FwdArg
 
 template <class T> __global__ void __launch_bounds__(kDxThreads) fwd_y(FwdArgs<T> a) {
     constexpr int E = Chunk<T>::n;
-    __shared__ int64_t s_col[kSavedEll];
-    __shared__ float s_h[kSavedEll];
+    extern __shared__ int64_t s_col[];  // the row's units, then their h (list width of each)
+    float *s_h = reinterpret_cast<float *>(s_col + a.ell);
     const int64_t row = blockIdx.x;
     const int n = min(a.count[row], a.ell);
     if (n < 0) return;
     for (int k = threadIdx.x; k < n; k += kDxThreads) {
         const int64_t at = row * a.ell + k;
         s_col[k] = min(static_cast<int64_t>(a.idx[at]), a.h - 1);
-        const float g = elem<T>(a.save_g, at, a.gate_f32);
-        s_h[k] = a.gated ? (a.highest ? g * elem<T>(a.save_u, at, a.gate_f32)
-                                      : round_to<T>(g * elem<T>(a.save_u, at, a.gate_f32)))
-                         : g;
+        if (a.save_g) {
+            const float g = elem<T>(a.save_g, at, a.gate_f32);
+            s_h[k] = a.gated ? (a.highest ? g * elem<T>(a.save_u, at, a.gate_f32)
+                                          : round_to<T>(g * elem<T>(a.save_u, at, a.gate_f32)))
+                             : g;
+        } else {
+            s_h[k] = gate_value<T>(a.gate, row * a.ldg + s_col[k], a.gate_f32);
+        }
     }
     __syncthreads();
     const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kDxThreads + threadIdx.x) * E;
@@ -1022,8 +1032,8 @@ void prepare_saved(cudaStream_t stream, const FfnProblem &p, void *saved, FfnScr
     s.save_u = p.gated ? b + l.u : nullptr;
 }
 
-void train_forward_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
-                        const MatrixArg &y, const FfnScratch &s) {
+void ffn_rows_split(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
+                    const MatrixArg &y, const FfnScratch &s) {
     if (p.m == 0) return;
     by_type(p.type, [&](auto tag) {
         using T = decltype(tag);
@@ -1038,7 +1048,11 @@ void train_forward_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeigh
         fwd_u<T><<<static_cast<unsigned>(p.m), 32 * kDhWarps, smem, stream>>>(a);
         check_launch("fwd_u");
         const dim3 grid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.dp, int64_t{kDxThreads} * E)));
-        fwd_y<T><<<grid, kDxThreads, 0, stream>>>(a);
+        const size_t list_smem = static_cast<size_t>(s.cap) * (sizeof(int64_t) + sizeof(float));
+        if (list_smem > 48 * 1024)
+            check(cudaFuncSetAttribute(fwd_y<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(list_smem)),
+                  "cudaFuncSetAttribute");
+        fwd_y<T><<<grid, kDxThreads, list_smem, stream>>>(a);
         check_launch("fwd_y");
     });
 }
