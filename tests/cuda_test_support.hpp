@@ -67,4 +67,26 @@ struct DeviceDense {
     void fetch() { cuda_ok(cudaMemcpy(host.storage.data(), mem.ptr, host.storage.size() * 4, cudaMemcpyDeviceToHost)); }
 };
 
+/// Captures `call` (the twblas calls of one step, returning a status) on a new stream into a CUDA
+/// graph and replays it `repeats` times; the handle is back on the default stream afterwards.
+template <class F> void replay_captured(twHandle_t h, int repeats, F &&call) {
+    cudaStream_t stream;
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    TW_REQUIRE_OK(h, twSetStream(h, stream));
+    cudaGraph_t graph;
+    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const twStatus_t st = call();
+    cuda_ok(cudaStreamEndCapture(stream, &graph));
+    INFO(twGetErrorMessage(h));
+    REQUIRE(st == TW_STATUS_SUCCESS);
+    cudaGraphExec_t exec;
+    cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < repeats; ++i) cuda_ok(cudaGraphLaunch(exec, stream));
+    cuda_ok(cudaStreamSynchronize(stream));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    TW_REQUIRE_OK(h, twSetStream(h, nullptr));
+    cudaStreamDestroy(stream);
+}
+
 }  // namespace twtest

@@ -190,23 +190,7 @@ FfnResult run_ffn(const FfnCase &c, const FfnData &data, twBackend_t backend, in
         TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &warm));
     }
     if (capture) {
-        cudaStream_t stream;
-        cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        TW_REQUIRE_OK(h, twSetStream(h, stream));
-        cudaGraph_t graph;
-        cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        const twStatus_t st = twSpGEMMFused(h, ffn, X, Y, hidden, ws);
-        cuda_ok(cudaStreamEndCapture(stream, &graph));
-        INFO(twGetErrorMessage(h));
-        REQUIRE(st == TW_STATUS_SUCCESS);
-        cudaGraphExec_t exec;
-        cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
-        for (int i = 0; i < repeats; ++i) cuda_ok(cudaGraphLaunch(exec, stream));
-        cuda_ok(cudaStreamSynchronize(stream));
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        TW_REQUIRE_OK(h, twSetStream(h, nullptr));
-        cudaStreamDestroy(stream);
+        replay_captured(h, repeats, [&] { return twSpGEMMFused(h, ffn, X, Y, hidden, ws); });
     } else {
         for (int i = 0; i < repeats; ++i) {
             TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y, hidden, ws));

@@ -158,23 +158,7 @@ TrainResult run_train(const TrainCase &c, const TrainData &data, twBackend_t bac
         TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &warm));
     }
     if (capture) {
-        cudaStream_t stream;
-        cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        TW_REQUIRE_OK(h, twSetStream(h, stream));
-        cudaGraph_t graph;
-        cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        const twStatus_t st = step();
-        cuda_ok(cudaStreamEndCapture(stream, &graph));
-        INFO(twGetErrorMessage(h));
-        REQUIRE(st == TW_STATUS_SUCCESS);
-        cudaGraphExec_t exec;
-        cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
-        for (int i = 0; i < repeats; ++i) cuda_ok(cudaGraphLaunch(exec, stream));
-        cuda_ok(cudaStreamSynchronize(stream));
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        TW_REQUIRE_OK(h, twSetStream(h, nullptr));
-        cudaStreamDestroy(stream);
+        replay_captured(h, repeats, step);
     } else {
         for (int i = 0; i < repeats; ++i) TW_REQUIRE_OK(h, step());
     }

@@ -103,6 +103,13 @@ __device__ inline int warp_scan_incl(int v) {
     return v;
 }
 
+/// SMs of the current device (132 if the query fails): sizes grids that loop over their work.
+inline int sm_count() {
+    int sms = 132, dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    return sms;
+}
+
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 }  // namespace twblas::cuda

@@ -894,9 +894,7 @@ template <class T> void launch_sparse(cudaStream_t stream, const SparseArgs<T> &
 template <class T, class TA, Epilogue EPI>
 void launch_gathered(cudaStream_t stream, const GatherArgs<T, TA> &g, int64_t max_rows, bool tensor_cores) {
     if (max_rows == 0 || g.n == 0) return;
-    int sms = 132;
-    int dev = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const int sms = sm_count();
     const int tiles_n = ceil_div(g.n, kTn);
     const int row_blocks = ceil_div(max_rows, kTm);
     const int grid_y = std::max(1, std::min(row_blocks, std::max(1, 4 * sms / tiles_n)));

@@ -117,6 +117,46 @@ template <class T> struct TokenArgs {
 
 constexpr int kDhWarps = 8;
 
+/// Row `r` of a matrix into shared memory as `nchunks` 16-byte chunks (zeros past d), by the block.
+template <class T> __device__ inline void stage_row(uint4 *dst, const T *m, int64_t r, int64_t rs, int64_t cs, bool vec,
+                                                    int64_t d, int nchunks) {
+    constexpr int E = Chunk<T>::n;
+    for (int c = threadIdx.x; c < nchunks; c += blockDim.x) {
+        float v[E];
+        load_chunk(m, r, rs, cs, vec, static_cast<int64_t>(c) * E, d, v);
+        T tmp[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) tmp[e] = Value<T>::from_float(v[e]);
+        dst[c] = *reinterpret_cast<const uint4 *>(tmp);
+    }
+}
+
+/// One warp's dot product of a row held in shared memory (`nchunks` 16-byte chunks) with a
+/// weight row in global memory; four chunks' loads per lane are issued before any is used (the
+/// kernels that use it are bound by load latency). Every lane gets the sum.
+template <class T> __device__ inline float warp_row_dot(const uint4 *row, const T *w, int nchunks) {
+    constexpr int E = Chunk<T>::n;
+    const int lane = threadIdx.x & 31;
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c0 = lane; c0 < nchunks; c0 += 128) {
+        uint4 wq[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            if (c0 + 32 * q < nchunks) wq[q] = *reinterpret_cast<const uint4 *>(w + static_cast<int64_t>(c0 + 32 * q) * E);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            if (c0 + 32 * q >= nchunks) break;
+            const uint4 r = row[c0 + 32 * q];
+#pragma unroll
+            for (int e = 0; e < E; ++e) part[q] = fmaf(Chunk<T>::get(r, e), Chunk<T>::get(wq[q], e), part[q]);
+        }
+    }
+    float dot = (part[0] + part[1]) + (part[2] + part[3]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(kFull, dot, o);
+    return dot;
+}
+
 template <class T> __global__ void __launch_bounds__(32 * kDhWarps) token_dh(TokenArgs<T> a) {
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 sy[];  // dY_t as dp / E chunks
@@ -124,37 +164,13 @@ template <class T> __global__ void __launch_bounds__(32 * kDhWarps) token_dh(Tok
     const int n = min(a.count[row], a.ell);
     if (n <= 0) return;
     const int nchunks = static_cast<int>(a.dp / E);
-    for (int c = threadIdx.x; c < nchunks; c += blockDim.x) {
-        float v[E];
-        load_chunk(a.dy, row, a.dy_rs, a.dy_cs, a.dy_vec, static_cast<int64_t>(c) * E, a.d, v);
-        T tmp[E];
-#pragma unroll
-        for (int e = 0; e < E; ++e) tmp[e] = Value<T>::from_float(v[e]);
-        sy[c] = *reinterpret_cast<const uint4 *>(tmp);
-    }
+    stage_row(sy, a.dy, row, a.dy_rs, a.dy_cs, a.dy_vec, a.d, nchunks);
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     const int64_t base = row * a.ell;
     for (int k = warp; k < n; k += kDhWarps) {
         const int64_t col = min(static_cast<int64_t>(a.idx[base + k]), a.h - 1);
-        const T *wd = a.pair + col * a.pair_stride + (a.gated ? a.dp : 0);
-        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int c0 = lane; c0 < nchunks; c0 += 128) {
-            uint4 w[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-                if (c0 + 32 * q < nchunks) w[q] = *reinterpret_cast<const uint4 *>(wd + static_cast<int64_t>(c0 + 32 * q) * E);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                if (c0 + 32 * q >= nchunks) break;
-                const uint4 y = sy[c0 + 32 * q];
-#pragma unroll
-                for (int e = 0; e < E; ++e) part[q] = fmaf(Chunk<T>::get(y, e), Chunk<T>::get(w[q], e), part[q]);
-            }
-        }
-        float dot = (part[0] + part[1]) + (part[2] + part[3]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(kFull, dot, o);
+        const float dot = warp_row_dot(sy, a.pair + col * a.pair_stride + (a.gated ? a.dp : 0), nchunks);
         if (lane == 0) {
             const float g = elem<T>(a.sg, base + k, a.gate_f32), u = a.gated ? elem<T>(a.su, base + k, a.gate_f32) : 0.0f;
             const UnitGrad ug = unit_grad<T>(g, u, dot, a.gated, a.highest, a.l1_scale);
@@ -258,14 +274,7 @@ template <class T> __global__ void __launch_bounds__(32 * kDhWarps) fwd_u(FwdArg
     if (n < 0) return;  // the dense path
     const int nchunks = static_cast<int>(a.dp / E);
     if (a.gated) {
-        for (int c = threadIdx.x; c < nchunks; c += blockDim.x) {
-            float v[E];
-            load_chunk(a.x, row, a.x_rs, a.x_cs, a.x_vec, static_cast<int64_t>(c) * E, a.d, v);
-            T tmp[E];
-#pragma unroll
-            for (int e = 0; e < E; ++e) tmp[e] = Value<T>::from_float(v[e]);
-            sx[c] = *reinterpret_cast<const uint4 *>(tmp);
-        }
+        stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
         __syncthreads();
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -276,24 +285,7 @@ template <class T> __global__ void __launch_bounds__(32 * kDhWarps) fwd_u(FwdArg
         const float g = gate_value<T>(a.gate, row * a.ldg + col, a.gate_f32);
         float h = g, u = 0.0f;
         if (a.gated) {
-            const T *wu = a.pair + col * a.pair_stride;
-            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int c0 = lane; c0 < nchunks; c0 += 128) {
-                uint4 w[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    if (c0 + 32 * q < nchunks) w[q] = *reinterpret_cast<const uint4 *>(wu + static_cast<int64_t>(c0 + 32 * q) * E);
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    if (c0 + 32 * q >= nchunks) break;
-                    const uint4 xq = sx[c0 + 32 * q];
-#pragma unroll
-                    for (int e = 0; e < E; ++e) part[q] = fmaf(Chunk<T>::get(xq, e), Chunk<T>::get(w[q], e), part[q]);
-                }
-            }
-            float dot = (part[0] + part[1]) + (part[2] + part[3]);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(kFull, dot, o);
+            const float dot = warp_row_dot(sx, a.pair + col * a.pair_stride, nchunks);
             u = a.highest ? dot : round_to<T>(dot);
             h = a.highest ? g * u : round_to<T>(g * u);
         }
@@ -790,11 +782,6 @@ template <class T> __global__ void scatter_sum(const float *a, const float *b, i
     }
 }
 
-int sm_count() {
-    int sms = 132, dev = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    return sms;
-}
 
 template <class T> void launch_dev_gemm(cudaStream_t stream, const DevGemm &g, bool tensor_cores) {
     if (g.n == 0 || g.m == 0) return;
