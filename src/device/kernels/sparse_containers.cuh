@@ -1,14 +1,16 @@
 // Kernels on the sparse containers of docs/formats.md: the dense -> TwELL / hybrid writer and
 // SpMM. Value types are run-time arguments (one instantiation each) since these are building
 // blocks, not the FFN's hot loop.
+#pragma once
+
 #include <cub/block/block_scan.cuh>
 
-#include "cuda_util.cuh"
-#include "kernels.hpp"
+#include "common/matrix_arg.hpp"
+#include "common/values.cuh"
+#include "common/warp.cuh"
+#include "host/formats.hpp"
 
 namespace twblas::cuda {
-
-namespace {
 
 // ---- run-time typed element access
 
@@ -49,7 +51,7 @@ __device__ inline bool keeps(uint32_t bits, twDataType_t t, twConvertOp_t op) {
 
 __device__ inline uint32_t lane_id() { return threadIdx.x & 31u; }
 
-struct SparseArgs {
+struct ContainerArgs {
     uint8_t *base;
     twDataType_t type;
     int64_t rows, cols;
@@ -62,41 +64,14 @@ struct SparseArgs {
     size_t row_nnz, ell_cols, ell_vals, backup_count, backup_row_ids, backup_map, backup_vals, value_bytes;
 };
 
-SparseArgs sparse_args(const twSpMatDescr &s) {
-    SparseArgs a{};
-    a.base = static_cast<uint8_t *>(s.buffer);
-    a.type = s.type;
-    a.rows = s.rows;
-    a.cols = s.cols;
-    if (s.format == TW_FORMAT_TWELL) {
-        a.tile = s.twell.tile_width;
-        a.slots = static_cast<int32_t>(s.twell.slots);
-        a.words_per_block = static_cast<int32_t>(s.twell.words_per_block);
-        a.ld = s.twell.ld;
-        a.record = static_cast<int64_t>(s.twell.overflow_offset_words());
-    } else {
-        const HybridLayout &l = s.hybrid;
-        a.ell_width = l.ell_width;
-        a.backup_rows = l.backup_rows;
-        a.row_nnz = l.row_nnz;
-        a.ell_cols = l.ell_cols;
-        a.ell_vals = l.ell_vals;
-        a.backup_count = l.backup_count;
-        a.backup_row_ids = l.backup_row_ids;
-        a.backup_map = l.backup_map;
-        a.backup_vals = l.backup_vals;
-        a.value_bytes = l.value_bytes;
-    }
-    return a;
-}
 
-template <class T> __device__ inline T *at(const SparseArgs &a, size_t offset) {
+template <class T> __device__ inline T *at(const ContainerArgs &a, size_t offset) {
     return reinterpret_cast<T *>(a.base + offset);
 }
 
 // ---- writer: TwELL, one warp per row, 256 columns (8 per lane) per step
 
-__global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, SparseArgs out, int32_t *flags) {
+__global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, int32_t *flags) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
@@ -135,7 +110,7 @@ __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, SparseArgs out,
 
 // ---- writer: hybrid ELL part, one warp per row (rows over E are flagged for a backup slot)
 
-__global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, SparseArgs out, int32_t *flags) {
+__global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, int32_t *flags) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
@@ -166,7 +141,7 @@ __global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, SparseArgs out
 
 /// One block: flagged rows get consecutive record entries / backup slots in ascending row order.
 constexpr int kScanThreads = 1024;
-__global__ void __launch_bounds__(kScanThreads) assign_flagged_rows(int32_t *flags, int64_t rows, SparseArgs out,
+__global__ void __launch_bounds__(kScanThreads) assign_flagged_rows(int32_t *flags, int64_t rows, ContainerArgs out,
                                                                     bool twell) {
     using Scan = cub::BlockScan<int, kScanThreads>;
     __shared__ typename Scan::TempStorage temp;
@@ -197,7 +172,7 @@ __global__ void __launch_bounds__(kScanThreads) assign_flagged_rows(int32_t *fla
 }
 
 /// Dense backup rows of a hybrid: one block per row that got a slot.
-__global__ void write_hybrid_backup(MatrixArg in, twConvertOp_t op, SparseArgs out, const int32_t *flags) {
+__global__ void write_hybrid_backup(MatrixArg in, twConvertOp_t op, ContainerArgs out, const int32_t *flags) {
     const int64_t row = blockIdx.x;
     const int slot = flags[row] - 2;
     if (slot < 0) return;
@@ -228,7 +203,7 @@ __device__ inline void spmm_finish(float alpha, float beta, const MatrixArg &y, 
     }
 }
 
-__global__ void __launch_bounds__(kSpmmThreads) spmm_rows(float alpha, SparseArgs s, bool twell, MatrixArg w,
+__global__ void __launch_bounds__(kSpmmThreads) spmm_rows(float alpha, ContainerArgs s, bool twell, MatrixArg w,
                                                           float beta, MatrixArg y) {
     const int64_t row = blockIdx.x;
     const twDataType_t st = s.type;
@@ -278,47 +253,5 @@ __global__ void __launch_bounds__(kSpmmThreads) spmm_rows(float alpha, SparseArg
     }
 }
 
-}  // namespace
-
-MatrixArg matrix_arg(const twDnMatDescr &d) {
-    const bool row = d.order == TW_ORDER_ROW;
-    return {d.values, d.rows, d.cols, row ? d.ld : 1, row ? 1 : d.ld, d.type};
-}
-
-size_t sparse_writer_workspace(const twSpMatDescr &out) { return static_cast<size_t>(out.rows) * 4 + 256; }
-
-void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
-                  void *workspace) {
-    if (out.rows == 0) {
-        // an empty container still has a record / backup count, which must read 0
-        const size_t at_bytes = out.format == TW_FORMAT_TWELL ? out.twell.overflow_offset_words() * 4 : out.hybrid.backup_count;
-        check(cudaMemsetAsync(static_cast<uint8_t *>(out.buffer) + at_bytes, 0, 4, stream), "cudaMemsetAsync");
-        return;
-    }
-    const SparseArgs args = sparse_args(out);
-    auto *flags = static_cast<int32_t *>(workspace);
-    const int warps_per_block = 4;
-    const int blocks = ceil_div(out.rows, warps_per_block);
-    const bool twell = out.format == TW_FORMAT_TWELL;
-    if (twell)
-        write_twell_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
-    else
-        write_hybrid_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
-    check_launch("write_sparse rows");
-    assign_flagged_rows<<<1, kScanThreads, 0, stream>>>(flags, out.rows, args, twell);
-    check_launch("assign_flagged_rows");
-    if (!twell) {
-        write_hybrid_backup<<<static_cast<unsigned>(out.rows), 256, 0, stream>>>(in, op, args, flags);
-        check_launch("write_hybrid_backup");
-    }
-}
-
-void spmm(cudaStream_t stream, float alpha, const twSpMatDescr &s, const MatrixArg &w, float beta,
-          const MatrixArg &y) {
-    if (y.rows == 0 || y.cols == 0) return;
-    spmm_rows<<<static_cast<unsigned>(y.rows), kSpmmThreads, 0, stream>>>(alpha, sparse_args(s),
-                                                                         s.format == TW_FORMAT_TWELL, w, beta, y);
-    check_launch("spmm_rows");
-}
 
 }  // namespace twblas::cuda

@@ -1,4 +1,4 @@
-#include "lt_gemm.hpp"
+#include "gemm/lt_gemm.hpp"
 
 #include <cuda_runtime.h>
 
@@ -48,9 +48,17 @@ GemmRunner::Plan &GemmRunner::plan_for(const GemmOperand &a, const GemmOperand &
                                        size_t workspace_bytes) {
     const Key key{a.rows, b.rows, a.cols, a.ld, b.ld, z.ld, a.order, b.order, a.type, z.type,
                   static_cast<int>(workspace_bytes >> 20)};
-    std::lock_guard<std::mutex> lock(mutex_);
     auto it = plans_.find(key);
-    if (it != plans_.end()) return *it->second;
+    if (it != plans_.end()) {
+        it->second.last_use = ++clock_;
+        return *it->second.plan;
+    }
+    if (plans_.size() >= kMaxPlans) {  // a plan is host state only: enqueued GEMMs keep working
+        auto oldest = plans_.begin();
+        for (auto i = plans_.begin(); i != plans_.end(); ++i)
+            if (i->second.last_use < oldest->second.last_use) oldest = i;
+        plans_.erase(oldest);
+    }
 
     auto plan = std::make_unique<Plan>();
     const int64_t m = a.rows, n = b.rows, k = a.cols;
@@ -83,7 +91,7 @@ GemmRunner::Plan &GemmRunner::plan_for(const GemmOperand &a, const GemmOperand &
         fail(TW_STATUS_NOT_SUPPORTED, "cuBLASLt has no algorithm for a %lld x %lld x %lld GEMM with these layouts",
              static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
     plan->algo = result.algo;
-    return *plans_.emplace(key, std::move(plan)).first->second;
+    return *plans_.emplace(key, Cached{std::move(plan), ++clock_}).first->second.plan;
 }
 
 void GemmRunner::run(cudaStream_t stream, float alpha, const GemmOperand &a, const GemmOperand &b,
@@ -95,6 +103,7 @@ void GemmRunner::run(cudaStream_t stream, float alpha, const GemmOperand &a, con
             fail(TW_STATUS_EXECUTION_FAILED, "cudaMemsetAsync of a K = 0 GEMM output failed");
         return;
     }
+    std::lock_guard<std::mutex> lock(mutex_);  // held while the plan is used: eviction cannot free it
     Plan &p = plan_for(a, b, z, workspace_bytes);
     const float beta = 0.0f;
     check_lt(cublasLtMatmul(lt_, p.op, &alpha, b.ptr, p.lb, a.ptr, p.la, &beta, z.ptr, p.lz, z.ptr, p.lz, &p.algo,

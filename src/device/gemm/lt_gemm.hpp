@@ -1,7 +1,8 @@
 // Dense GEMMs through cuBLASLt, in the row-major terms of the rest of the library:
 //   Z[M x N] = alpha * A[M x K] * B[N x K]^T, with A and B in either order and any ld.
 // Plans (layouts + heuristic algorithm) are cached per shape in the object that owns the
-// GemmRunner, so a compute call does no host-side search after its first use of a shape.
+// GemmRunner (an FFN, or a handle for the building blocks), so a compute call does no host-side
+// search after its first use of a shape; the cache is bounded (least recently used out).
 #pragma once
 
 #include <cublasLt.h>
@@ -49,7 +50,13 @@ class GemmRunner {
     Plan &plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z, size_t workspace_bytes);
     cublasLtHandle_t lt_ = nullptr;
     std::mutex mutex_;
-    std::map<Key, std::unique_ptr<Plan>> plans_;
+    struct Cached {
+        std::unique_ptr<Plan> plan;
+        uint64_t last_use;
+    };
+    static constexpr size_t kMaxPlans = 64;
+    std::map<Key, Cached> plans_;
+    uint64_t clock_ = 0;
 };
 
 }  // namespace twblas::cuda

@@ -1,0 +1,67 @@
+// Memory owned by setup-time objects (FFN weights, counters, the statistics the host reads).
+// Compute calls never allocate: they take their scratch from the caller's workspace.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "check.hpp"
+
+namespace twblas::cuda {
+
+/// Device memory.
+class DeviceBuffer {
+  public:
+    DeviceBuffer() = default;
+    explicit DeviceBuffer(size_t bytes) { reset(bytes); }
+    ~DeviceBuffer() { release(); }
+    DeviceBuffer(const DeviceBuffer &) = delete;
+    DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+    void reset(size_t bytes) {
+        release();
+        if (bytes == 0) return;
+        if (cudaMalloc(&ptr_, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            ptr_ = nullptr;
+            fail(TW_STATUS_ALLOC_FAILED, "cudaMalloc of %zu bytes failed", bytes);
+        }
+        bytes_ = bytes;
+    }
+    template <class T = void> T *get() const { return static_cast<T *>(ptr_); }
+    size_t bytes() const { return bytes_; }
+
+  private:
+    void release() {
+        if (ptr_) (void)cudaFree(ptr_);
+        ptr_ = nullptr;
+        bytes_ = 0;
+    }
+    void *ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+/// Pinned host memory mapped into the device's address space: kernels write it directly, the
+/// host reads it without a copy or a wait.
+template <class T> class MappedHost {
+  public:
+    MappedHost() {
+        if (cudaHostAlloc(reinterpret_cast<void **>(&host_), sizeof(T), cudaHostAllocMapped) != cudaSuccess) {
+            (void)cudaGetLastError();
+            fail(TW_STATUS_ALLOC_FAILED, "cudaHostAlloc of %zu mapped bytes failed", sizeof(T));
+        }
+        *host_ = T{};
+        check(cudaHostGetDevicePointer(reinterpret_cast<void **>(&device_), host_, 0), "cudaHostGetDevicePointer");
+    }
+    ~MappedHost() { cudaFreeHost(host_); }
+    MappedHost(const MappedHost &) = delete;
+    MappedHost &operator=(const MappedHost &) = delete;
+    volatile T *host() const { return host_; }
+    T *device() const { return device_; }
+
+  private:
+    T *host_ = nullptr;
+    T *device_ = nullptr;
+};
+
+}  // namespace twblas::cuda

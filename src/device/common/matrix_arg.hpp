@@ -1,0 +1,30 @@
+// A dense matrix as kernels see it, and the one test of whether its rows take 16-byte loads.
+#pragma once
+
+#include <cstdint>
+
+#include "check.hpp"
+#include "host/objects.hpp"
+
+namespace twblas::cuda {
+
+/// Element (r, c) at ptr + (r * rs + c * cs) elements.
+struct MatrixArg {
+    void *ptr;
+    int64_t rows, cols, rs, cs;
+    twDataType_t type;
+};
+
+inline MatrixArg matrix_arg(const twDnMatDescr &d) {
+    return d.order == TW_ORDER_ROW ? MatrixArg{d.values, d.rows, d.cols, d.ld, 1, d.type}
+                                   : MatrixArg{d.values, d.rows, d.cols, 1, d.ld, d.type};
+}
+
+/// Rows of `cols` values (a multiple of 8) that are contiguous and 16-byte aligned: kernels read
+/// and write them in 16-byte chunks.
+inline bool rows_vectorizable(const MatrixArg &m, int64_t cols) {
+    return m.cs == 1 && (m.rs * static_cast<int64_t>(elem_bytes(m.type))) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(m.ptr) % 16 == 0 && cols % 8 == 0;
+}
+
+}  // namespace twblas::cuda

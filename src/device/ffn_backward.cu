@@ -1,0 +1,278 @@
+// The training backward of the fused FFN, from the forward's saved state:
+//   recompute  rows the forward sent through its dense path (a TwELL tile over capacity, or more
+//              active units than the saved ELL holds) are recomputed from X: the first of them
+//              (in ascending row order) through cuBLAS GEMMs of a capacity the statistics suggest,
+//              the rest through the gathered GEMM whose row count is read on the device; their
+//              dz, du, h, dX rows and fp32 weight-gradient terms (exact for any number of rows);
+//   tokens     for each saved (token, unit) slot dh = dY_t . Wd_j on the unit's row only, then
+//              dz and du; then dX_t = sum du Wu_j + dz Wg_j over the token's units;
+//   transpose  the (token, unit) slots are sorted by unit with a stable radix sort: each unit's
+//              tokens come out in ascending order, so every sum below has a fixed order;
+//   units      a block per unit sums dz X_t, du X_t and h dY_t over its tokens (plus the
+//              recomputed rows' terms) and writes the unit's rows of dWg, dWu, dWd once.
+// Nothing uses atomics on values: the results are bitwise reproducible.
+#include "ffn_backward.hpp"
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+
+#include "common/dispatch.hpp"
+#include "common/matrix_arg.hpp"
+#include "gemm/gathered_gemm.hpp"
+#include "heuristics.hpp"
+#include "kernels/bwd_recompute.cuh"
+#include "kernels/bwd_tokens.cuh"
+#include "kernels/bwd_units.cuh"
+
+namespace twblas::cuda {
+
+namespace {
+
+struct BackwardArgs {
+    MatrixArg x, dy, dx, dwg, dwu, dwd;  // dwg.ptr NULL for a plain FFN
+    float l1_scale;                      // l1Coeff / M
+};
+
+/// The recomputed rows (the forward's dense list): z, u and dh by GEMMs over their gathered X
+/// and dY rows, dz, du, h in the dh GEMM's epilogue, then their dX rows and weight-gradient terms.
+template <class T>
+void recompute_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const SavedView &sv,
+                    const BackwardArgs &b, const TrainScratch &s, int64_t first, int sm_count) {
+    const bool f32 = p.gate_f32(), tc = !f32;
+    const int64_t ps = w.pair_stride;
+    const T *wg = static_cast<const T *>(w.gate);  // Wg (gated) or Wu (plain), dp apart
+    const T *pair = static_cast<const T *>(w.pair);
+    const T *wd = pair + (p.gated ? p.dp : 0);
+    GatheredGemm base{};
+    base.dev_count = sv.dense_count;
+    base.m_dev = true;
+    base.first = first;  // list positions before it went through cuBLAS
+    base.m = p.m;
+    base.gated = p.gated;
+    base.highest = p.highest;
+    base.l1_scale = b.l1_scale;
+    base.c_f32 = f32;
+    base.ldr = p.hp;
+    // z = X_r Wg^T, u = X_r Wu^T (rows gathered from X), stored in the gate type
+    GatheredGemm z = base;
+    z.a = z.a2 = b.x.ptr, z.a_f32 = b.x.type == TW_R_32F, z.a_ri = b.x.rs, z.a_ck = b.x.cs, z.a_rows = sv.dense_rows;
+    z.b = z.b2 = wg, z.b_f32 = p.type == TW_R_32F, z.b_rk = z.b2_rk = 1, z.b_cj = p.dp;
+    z.ksplit = p.d, z.n = p.h, z.k = p.d;
+    z.epi = GatherEpilogue::StoreGate, z.c = s.rz, z.c_rs = p.hp;
+    launch_gathered_gemm(stream, z, p.type, tc, sm_count);
+    if (p.gated) {
+        GatheredGemm u = z;
+        u.b = u.b2 = pair, u.b_cj = ps, u.c = s.ru;
+        launch_gathered_gemm(stream, u, p.type, tc, sm_count);
+    }
+    // dh = dY_r Wd^T; the epilogue turns (z, u, dh) into dz, du, h
+    GatheredGemm dh = z;
+    dh.a = dh.a2 = b.dy.ptr, dh.a_ri = b.dy.rs, dh.a_ck = b.dy.cs;
+    dh.b = dh.b2 = wd, dh.b_cj = ps;
+    dh.epi = GatherEpilogue::BackwardGrad, dh.rz = s.rz, dh.ru = s.ru, dh.rh = s.rh;
+    launch_gathered_gemm(stream, dh, p.type, tc, sm_count);
+    // dX rows = [dZ | dU] [Wg ; Wu] (gated) or dZ Wu (plain), scattered to the rows' places
+    GatheredGemm dx = base;
+    dx.a = s.rz, dx.a2 = s.ru, dx.a_f32 = f32, dx.a_ri = p.hp, dx.a_ck = 1, dx.a_rows = nullptr;
+    dx.b = wg, dx.b2 = pair, dx.b_f32 = p.type == TW_R_32F, dx.b_rk = p.dp, dx.b2_rk = ps, dx.b_cj = 1;
+    dx.ksplit = p.h, dx.n = p.d, dx.k = p.gated ? 2 * p.h : p.h;
+    dx.epi = GatherEpilogue::ScatterRows, dx.c = b.dx.ptr, dx.c_rs = b.dx.rs, dx.c_cs = b.dx.cs, dx.c_rows = sv.dense_rows;
+    launch_gathered_gemm(stream, dx, p.type, tc, sm_count);
+    // weight-gradient terms: dZ^T X_r, dU^T X_r, H^T dY_r (reduction over the device count)
+    GatheredGemm dw = base;
+    dw.m_dev = false, dw.k_dev = true;
+    dw.m = p.h, dw.n = p.d, dw.k = p.m;
+    dw.a_f32 = f32, dw.a_ri = 1, dw.a_ck = p.hp, dw.a_rows = nullptr;
+    dw.b_f32 = b.x.type == TW_R_32F, dw.b_cj = b.x.cs, dw.b_rk = dw.b2_rk = b.x.rs, dw.b_rows = sv.dense_rows;
+    dw.ksplit = p.m;
+    dw.epi = first > 0 ? GatherEpilogue::AccumF32 : GatherEpilogue::StoreF32, dw.c_rs = p.dp;
+    const int64_t plane = p.h * p.dp;
+    dw.a = dw.a2 = s.rz, dw.b = dw.b2 = b.x.ptr, dw.c = s.dw_dense;
+    launch_gathered_gemm(stream, dw, p.type, tc, sm_count);
+    if (p.gated) {
+        dw.a = dw.a2 = s.ru, dw.c = s.dw_dense + plane;
+        launch_gathered_gemm(stream, dw, p.type, tc, sm_count);
+    }
+    dw.a = dw.a2 = s.rh, dw.c = s.dw_dense + 2 * plane;
+    dw.b = dw.b2 = b.dy.ptr, dw.b_cj = b.dy.cs, dw.b_rk = dw.b2_rk = b.dy.rs;
+    launch_gathered_gemm(stream, dw, p.type, tc, sm_count);
+}
+
+template <class T> void launch_tokens(cudaStream_t stream, const TokenArgs<T> &a) {
+    if (a.m == 0) return;
+    constexpr int E = Chunk<T>::n;
+    const size_t smem = static_cast<size_t>(a.dp) * sizeof(T);  // dY_t
+    if (smem > 48 * 1024)
+        check(cudaFuncSetAttribute(token_dh<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+              "cudaFuncSetAttribute");
+    token_dh<T><<<static_cast<unsigned>(a.m), 32 * kDhWarps, smem, stream>>>(a);
+    check_launch("token_dh");
+    // blockIdx.x = token is the fast index: the grid runs slice by slice, so the slice of the
+    // weight rows in use (2 x 5.8 MB at the paper's shape) stays in L2
+    const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>(ceil_div(a.dp, int64_t{kDxThreads} * E)));
+    token_dx<T><<<grid, kDxThreads, 0, stream>>>(a);
+    check_launch("token_dx");
+}
+
+template <class T>
+void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const void *saved, const BackwardArgs &b,
+              const TrainScratch &s, int64_t first, int sm_count) {
+    const SavedView sv = saved_view(p, saved);
+    const SavedLayout l = saved_layout(p);
+    const bool f32 = p.gate_f32();
+    if (p.m > 0) {
+        SavedView sorted = sv;
+        sorted.dense_rows = s.rows_sorted;
+        recompute_rows<T>(stream, p, w, sorted, b, s, first, sm_count);
+    }
+
+    TokenArgs<T> ta{static_cast<const T *>(b.dy.ptr), b.dy.rs, b.dy.cs, rows_vectorizable(b.dy, p.d), static_cast<T *>(b.dx.ptr),
+                    b.dx.rs, b.dx.cs, rows_vectorizable(b.dx, p.d), static_cast<const T *>(w.pair), w.pair_stride,
+                    static_cast<const T *>(w.gate), p.dp, p.d, p.m, p.h, f32, p.gated, p.highest, b.l1_scale,
+                    sv.idx, sv.g, sv.u, sv.count, l.ell, s.dz, s.du};
+    launch_tokens<T>(stream, ta);
+
+    const int64_t total = p.m * l.ell;
+    const int bits = key_bits(p.h);
+    if (total > 0) {
+        slot_keys<<<std::max(1, std::min(4096, ceil_div(total, 256))), 256, 0, stream>>>(sv.idx, sv.count, p.m, l.ell, p.h,
+                                                                                          s.keys, s.slots);
+        check_launch("slot_keys");
+        size_t temp = s.sort_bytes;
+        check(cub::DeviceRadixSort::SortPairs(s.sort_temp, temp, s.keys, s.keys_sorted, s.slots, s.slots_sorted,
+                                              static_cast<int>(total), 0, bits, stream),
+              "cub::DeviceRadixSort");
+    }
+    unit_starts<<<std::max(1, std::min(4096, ceil_div(std::max<int64_t>(total, p.h + 1), 256))), 256, 0, stream>>>(
+        s.keys_sorted, total, p.h, s.unit_start);
+    check_launch("unit_starts");
+
+    const MatrixArg &oz = p.gated ? b.dwg : b.dwu;
+    UnitArgs<T> ua{static_cast<const T *>(b.x.ptr), b.x.rs, b.x.cs, rows_vectorizable(b.x, p.d),
+                   static_cast<const T *>(b.dy.ptr), b.dy.rs, b.dy.cs, rows_vectorizable(b.dy, p.d),
+                   s.unit_start, s.slots_sorted, l.ell, sv.g, sv.u, s.dz, s.du, f32, p.gated, p.highest,
+                   s.dw_dense, sv.dense_count, p.dp, p.d, p.h,
+                   static_cast<T *>(oz.ptr), oz.rs, oz.cs, rows_vectorizable(oz, p.d),
+                   static_cast<T *>(b.dwu.ptr), b.dwu.rs, b.dwu.cs, rows_vectorizable(b.dwu, p.d),
+                   static_cast<T *>(b.dwd.ptr), b.dwd.rs, b.dwd.cs, rows_vectorizable(b.dwd, p.d)};
+    if (p.h > 0 && p.d > 0) {
+        const dim3 grid(static_cast<unsigned>(p.h), static_cast<unsigned>(ceil_div(p.dp, kUnitThreads * Chunk<T>::n)));
+        backward_units<T><<<grid, kUnitThreads, 0, stream>>>(ua);
+        check_launch("backward_units");
+    }
+}
+
+// ---- the cuBLAS part of the recompute: list positions [0, cap) of the sorted dense list
+
+void sort_dense_list(cudaStream_t stream, const FfnProblem &p, const void *saved, const TrainScratch &s) {
+    if (p.m == 0) return;
+    const SavedView sv = saved_view(p, saved);
+    dense_row_keys<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(sv.dense_rows, sv.dense_count, p.m,
+                                                                                      s.rows_key);
+    check_launch("dense_row_keys");
+    size_t temp = s.rows_bytes;
+    check(cub::DeviceRadixSort::SortKeys(s.rows_temp, temp, s.rows_key, s.rows_sorted, static_cast<int>(p.m), 0,
+                                         key_bits(p.m), stream),
+          "cub::DeviceRadixSort");
+}
+
+void gather_dense_rows(cudaStream_t stream, const FfnProblem &p, const void *saved, const BackwardArgs &b,
+                           const TrainScratch &s, int64_t cap) {
+    const SavedView sv = saved_view(p, saved);
+    by_type(p.type, [&](auto t) {
+        using T = decltype(t);
+        gather_pair<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 1024))), 256, 0, stream>>>(
+            b.x, b.dy, s.rows_sorted, sv.dense_count, cap, p.d, p.dp, static_cast<T *>(s.xc), static_cast<T *>(s.dyc));
+        check_launch("gather_pair");
+    });
+}
+
+void dense_rows_grads(cudaStream_t stream, const FfnProblem &p, const TrainScratch &s, int64_t cap, float l1_scale) {
+    by_type(p.type, [&](auto t) {
+        using T = decltype(t);
+        if constexpr (!std::is_same_v<T, float>) {
+            dense_grads<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 2048))), 256, 0, stream>>>(
+                static_cast<T *>(s.rz), static_cast<T *>(s.ru), static_cast<T *>(s.rh), cap, p.h, p.hp, p.gated, l1_scale);
+            check_launch("dense_grads");
+        }
+    });
+}
+
+void scatter_dense_dx(cudaStream_t stream, const FfnProblem &p, const void *saved, const BackwardArgs &b,
+                            const TrainScratch &s, int64_t cap) {
+    const SavedView sv = saved_view(p, saved);
+    by_type(p.type, [&](auto t) {
+        using T = decltype(t);
+        scatter_sum<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 1024))), 256, 0, stream>>>(
+            s.dxc, p.gated ? s.dxc + cap * p.dp : nullptr, p.dp, s.rows_sorted, sv.dense_count, cap, p.d,
+            static_cast<T *>(b.dx.ptr), b.dx.rs, b.dx.cs);
+        check_launch("scatter_sum");
+    });
+}
+
+
+/// The cuBLAS recompute of the first `cap` rows of the (sorted) dense list: z, u, dh; dz, du, h;
+/// dX rows; the weight-gradient terms (fp32, summed with the sparse terms before the one
+/// rounding of dW).
+void recompute_with_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const void *saved,
+                           const BackwardArgs &b, const TrainScratch &s, int64_t cap) {
+    const twDataType_t t = p.type;
+    const int64_t ps = p.gated ? 2 * p.dp : p.dp;
+    const void *down = static_cast<const char *>(st.pair.get()) + (p.gated ? p.dp * 2 : 0);
+    auto gemm = [&](GemmOperand a, GemmOperand bb, GemmOutput z) {
+        st.gemm.run(stream, 1.0f, a, bb, z, s.lt_workspace, s.lt_bytes);
+    };
+    gather_dense_rows(stream, p, saved, b, s, cap);
+    gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, t}, {s.rz, p.hp, t});
+    if (p.gated)
+        gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {st.pair.get(), p.h, p.d, ps, TW_ORDER_ROW, t}, {s.ru, p.hp, t});
+    gemm({s.dyc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {down, p.h, p.d, ps, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
+    dense_rows_grads(stream, p, s, cap, b.l1_scale);
+    // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views
+    gemm({s.rz, cap, p.h, p.hp, TW_ORDER_ROW, t}, {st.gate.get(), p.d, p.h, p.dp, TW_ORDER_COL, t},
+         {s.dxc, p.dp, TW_R_32F});
+    if (p.gated)
+        gemm({s.ru, cap, p.h, p.hp, TW_ORDER_ROW, t}, {st.pair.get(), p.d, p.h, ps, TW_ORDER_COL, t},
+             {s.dxc + cap * p.dp, p.dp, TW_R_32F});
+    scatter_dense_dx(stream, p, saved, b, s, cap);
+    // weight-gradient terms: dZ^T Xc, dU^T Xc, H^T dYc (column-major views of the cap-row buffers)
+    const int64_t plane = p.h * p.dp;
+    gemm({s.rz, p.h, cap, p.hp, TW_ORDER_COL, t}, {s.xc, p.d, cap, p.dp, TW_ORDER_COL, t}, {s.dw_dense, p.dp, TW_R_32F});
+    if (p.gated)
+        gemm({s.ru, p.h, cap, p.hp, TW_ORDER_COL, t}, {s.xc, p.d, cap, p.dp, TW_ORDER_COL, t},
+             {s.dw_dense + plane, p.dp, TW_R_32F});
+    gemm({s.rh, p.h, cap, p.hp, TW_ORDER_COL, t}, {s.dyc, p.d, cap, p.dp, TW_ORDER_COL, t},
+         {s.dw_dense + 2 * plane, p.dp, TW_R_32F});
+}
+
+}  // namespace
+
+void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const void *saved,
+                  const twDnMatDescr &dy, float l1_coeff, const twDnMatDescr &dx, const twDnMatDescr *dwg,
+                  const twDnMatDescr &dwu, const twDnMatDescr &dwd, void *workspace) {
+    CudaFfnState &st = state_of(ffn);
+    const FfnProblem p = problem_of(ffn, x.rows);
+    const TrainScratch s = carve_train_scratch(workspace, p, nullptr);
+    const FfnWeights w = st.weights(p);
+    BackwardArgs b{};
+    b.x = matrix_arg(x);
+    b.dy = matrix_arg(dy);
+    b.dx = matrix_arg(dx);
+    if (dwg) b.dwg = matrix_arg(*dwg);
+    b.dwu = matrix_arg(dwu);
+    b.dwd = matrix_arg(dwd);
+    b.l1_scale = p.m > 0 ? l1_coeff / static_cast<float>(p.m) : 0.0f;
+    std::lock_guard<std::mutex> lock(st.mutex);
+    sort_dense_list(stream, p, saved, s);
+    // the forward's dense-path rows are recomputed: the first `cap` of them through cuBLAS (cap
+    // from the measured share, as in the forward; in dense mode all of them), any beyond through
+    // the gathered GEMM
+    absorb_feedback(st, p.h);
+    const bool cublas = !p.deterministic && p.cublas_ok();
+    const int64_t cap = !cublas ? 0 : st.dense_mode ? p.m : heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m);
+    if (cap > 0) recompute_with_cublas(stream, st, p, saved, b, s, cap);
+    by_type(p.type, [&](auto tag) { backward<decltype(tag)>(stream, p, w, saved, b, s, cap, st.sm_count); });
+}
+
+}  // namespace twblas::cuda

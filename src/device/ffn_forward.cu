@@ -1,0 +1,371 @@
+// The forward of the fused FFN. After the gate GEMM (cuBLASLt, tensor cores):
+//   pack       one warp per token turns its gate row into the list of active units, flags rows
+//              with a TwELL tile over capacity or too many units (the dense path) and counts
+//              each unit's activations;
+//   dense path the first rows of the dense list through cuBLAS GEMMs of a capacity taken from
+//              the measured statistics, any beyond through the gathered GEMM whose row count is
+//              read on the device: exact for any sparsity, no host sync;
+//   sparse     the other rows through the fused kernel (small M) or the two-pass kernels;
+//   finish     statistics reduced in a fixed order, published for the path choice, and the
+//              optional hidden output.
+// Decode (a few tokens) does gate, packing and projections in one kernel instead; dense mode
+// (many active units, as an earlier forward measured) runs the projections as cuBLAS GEMMs.
+#include "ffn_forward.hpp"
+
+#include <algorithm>
+
+#include "common/dispatch.hpp"
+#include "common/matrix_arg.hpp"
+#include "gemm/gathered_gemm.hpp"
+#include "heuristics.hpp"
+#include "kernels/decode.cuh"
+#include "kernels/dense_rows.cuh"
+#include "kernels/finalize.cuh"
+#include "kernels/fused.cuh"
+#include "kernels/pack.cuh"
+#include "kernels/saved_state.cuh"
+#include "kernels/two_pass.cuh"
+#include "sparse_ops.hpp"
+
+namespace twblas::cuda {
+
+namespace {
+
+GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }
+
+/// What one forward runs, chosen before anything is enqueued (and part of a captured call's key).
+struct ForwardPath {
+    bool decode;          // the one-kernel decode path
+    bool dense_mode;      // projections as cuBLAS GEMMs over every row
+    bool two_pass;        // sparse rows through the two-pass kernels (else the fused kernel)
+    int64_t cublas_rows;  // rows of the dense list that go through cuBLAS GEMMs
+};
+
+ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &y, bool training) {
+    ForwardPath path{};
+    path.decode = !training && heuristics::decode_applies(p);
+    // deterministic mode never switches (bits would depend on history); fp32 intermediates have
+    // no cuBLAS form here, so they stay sparse too
+    const bool cublas = !p.deterministic && p.cublas_ok() && p.m > 0;
+    path.dense_mode = !path.decode && cublas && st.dense_mode && y.order == TW_ORDER_ROW && y.ld % 8 == 0;
+    path.two_pass = training || heuristics::two_pass_applies(p);
+    path.cublas_rows = !path.decode && !path.dense_mode && cublas
+                           ? heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m)
+                           : 0;
+    return path;
+}
+
+// ---- launchers, in the order a forward runs them
+
+template <class T>
+void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
+                   const FfnScratch &s, unsigned long long *neuron_counts, bool write_h) {
+    const int blocks = ceil_div(p.h, kDecodeUnitsPerBlock);
+    const int nt = ceil_div(p.h, p.tile);
+    check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
+    check(cudaMemsetAsync(s.dec_zero, 0, static_cast<size_t>(p.m * (2 + nt)) * 4, stream), "cudaMemsetAsync");
+    DecodeArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<int>(p.m), p.d,
+                    p.dp, p.h, static_cast<const T *>(w.gate), static_cast<const T *>(w.pair), w.pair_stride, p.gated,
+                    p.highest, false, write_h, s.gate, s.ldg, p.tile, nt, s.dec_zero, s.dec_zero + 2 * p.m,
+                    s.dec_zero + p.m, s.dec_list, blocks, s.dec_partial,
+                    s.dec_partial + static_cast<int64_t>(blocks) * p.m * p.dp, neuron_counts};
+    // x of every token in shared memory: at most 4 x 4096 x 2 bytes (decode_applies), under 48 KB
+    const size_t xs_bytes = static_cast<size_t>(p.m * p.dp) * sizeof(T);
+    // rows of up to 2048 values need 8 chunks per lane (64 registers), wider ones 16
+    if (p.dp <= 2048)
+        decode_ffn<T, 8><<<blocks, 32 * kDecodeUnitsPerBlock, xs_bytes, stream>>>(a);
+    else
+        decode_ffn<T, 16><<<blocks, 32 * kDecodeUnitsPerBlock, xs_bytes, stream>>>(a);
+    check_launch("decode_ffn");
+    const dim3 rgrid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.d, 256)));
+    decode_reduce<T><<<rgrid, 256, static_cast<size_t>(a.nblk) * 4, stream>>>(a, static_cast<T *>(y.ptr), y.rs, y.cs,
+                                                                                p.slots, s.count, s.row_nnz, s.row_l1);
+    check_launch("decode_reduce");
+}
+
+template <class T>
+void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
+                 bool zero_inactive, bool dense_mode) {
+    check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
+    PackArgs<T> pk{s.gate, s.ldg, p.m, p.h, p.gate_f32(), zero_inactive, p.tile, p.slots, s.cap,
+                   s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
+                   dense_mode && p.gated ? static_cast<const T *>(s.up) : nullptr, dense_mode, s.row_l1};
+    pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
+    check_launch("pack_rows");
+}
+
+/// Dense mode: the per-unit activation counts, by columns of the gate.
+template <class T>
+void launch_count_dense(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *counts) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(s.ldg, 256 * 8)), static_cast<unsigned>(ceil_div(p.m, kCountRows)));
+    count_active_columns<T><<<grid, 256, 0, stream>>>(static_cast<const T *>(s.gate), s.ldg, p.m, p.h, counts);
+    check_launch("count_active_columns");
+}
+
+template <class T, int V> void launch_fused_v(cudaStream_t stream, const FusedArgs<T> &a, int warps) {
+    const int threads = 32 * warps;
+    const size_t smem = kStages * sparse_stage_bytes<T>(a.dp, a.gated, threads);
+    // over 48 KB only for D > ~6000 (16-bit); the attribute is the kernel's, not twblas state
+    if (smem > 48 * 1024)
+        check(cudaFuncSetAttribute(sparse_ffn<T, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+              "cudaFuncSetAttribute");
+    const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>(a.splits));
+    sparse_ffn<T, V><<<grid, threads, smem, stream>>>(a);
+    check_launch("sparse_ffn");
+}
+
+/// The fused kernel over the sparse rows (h over the gate buffer when `write_h`), then the sum of
+/// the teams' partial rows when a token's units were split.
+template <class T>
+void launch_fused(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
+                  const FfnScratch &s, bool write_h) {
+    FusedArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr), y.rs,
+                   y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m,
+                   s.gate, s.ldg, p.gate_f32(), p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1,
+                   s.splits, s.partial};
+    constexpr int E = Chunk<T>::n;
+    const int64_t per_warp_max = heuristics::kFusedWarpChunks * 32 * E;
+    const int warps = std::max(1, ceil_div(a.dp, per_warp_max));  // dp <= max_model_dim (twCreateFfn)
+    const int v_needed = ceil_div(a.dp, static_cast<int64_t>(warps) * 32 * E);
+    static_assert(heuristics::kFusedWarpChunks <= 8, "launch_fused instantiates up to 8 chunks per lane");
+    if (v_needed <= 1)
+        launch_fused_v<T, 1>(stream, a, warps);
+    else if (v_needed <= 2)
+        launch_fused_v<T, 2>(stream, a, warps);
+    else if (v_needed <= 4)
+        launch_fused_v<T, 4>(stream, a, warps);
+    else
+        launch_fused_v<T, 8>(stream, a, warps);
+    if (s.splits > 1) {
+        reduce_splits<T><<<std::max(1, std::min(1024, ceil_div(p.m * p.d, 256))), 256, 0, stream>>>(
+            s.partial, s.splits, p.m, p.d, p.dp, s.count, static_cast<T *>(y.ptr), y.rs, y.cs, s.row_l1);
+        check_launch("reduce_splits");
+    }
+}
+
+/// The sparse rows in two passes: u and h per active unit (saved as g and u in training, else h
+/// over the gate value), then y by column slices.
+template <class T>
+void launch_two_pass(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
+                     const MatrixArg &y, const FfnScratch &s) {
+    constexpr int E = Chunk<T>::n;
+    FwdArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr), y.rs,
+                 y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, p.h,
+                 s.gate, s.ldg, p.gate_f32(), p.gated, p.highest, s.idx, s.count, s.cap, s.save_g, s.save_u, s.row_l1};
+    // x_t in shared memory: at most 8192 x 2 or 4096 x 4 bytes (max_model_dim), under 48 KB
+    const size_t smem = p.gated ? static_cast<size_t>(p.dp) * sizeof(T) : 0;
+    fwd_u<T><<<static_cast<unsigned>(p.m), 32 * kFwdUWarps, smem, stream>>>(a);
+    check_launch("fwd_u");
+    const dim3 grid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.dp, int64_t{kFwdYThreads} * E)));
+    const size_t list_smem = static_cast<size_t>(s.cap) * (sizeof(int64_t) + sizeof(float));
+    // over 48 KB only for lists of more than 4096 units (H beyond ~34000 at the default tile)
+    if (list_smem > 48 * 1024)
+        check(cudaFuncSetAttribute(fwd_y<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(list_smem)),
+              "cudaFuncSetAttribute");
+    fwd_y<T><<<grid, kFwdYThreads, list_smem, stream>>>(a);
+    check_launch("fwd_y");
+}
+
+/// The rows of the dense list from position `first` on, through the gathered GEMM: u (gated)
+/// with h formed in its epilogue over the gate buffer, then the down projection into Y.
+void launch_dense_path_gathered(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const FfnWeights &w,
+                                const MatrixArg &x, const MatrixArg &y, const FfnScratch &s, int64_t first) {
+    const bool tensor_cores = !p.gate_f32();
+    GatheredGemm g{};
+    g.dev_count = s.dense_count;
+    g.m_dev = true;
+    g.first = first;
+    g.m = p.m;
+    g.highest = p.highest;
+    g.gated = p.gated;
+    g.b_f32 = p.type == TW_R_32F;
+    g.b_rk = g.b2_rk = 1;
+    g.c_rows = s.dense_rows;
+    if (p.gated) {
+        GatheredGemm up = g;
+        up.a = up.a2 = x.ptr, up.a_f32 = x.type == TW_R_32F, up.a_ri = x.rs, up.a_ck = x.cs, up.a_rows = s.dense_rows;
+        up.b = up.b2 = w.pair, up.b_cj = w.pair_stride;
+        up.n = p.h, up.k = p.d, up.ksplit = p.d;
+        up.epi = GatherEpilogue::GateProduct, up.c = s.gate, up.c_rs = s.ldg, up.c_f32 = p.gate_f32();
+        launch_gathered_gemm(stream, up, p.type, tensor_cores, st.sm_count);
+    }
+    GatheredGemm down = g;
+    down.a = down.a2 = s.gate, down.a_f32 = p.gate_f32(), down.relu_a = !p.gated, down.a_ri = s.ldg, down.a_ck = 1;
+    down.a_rows = s.dense_rows;
+    down.b = down.b2 = w.down_t, down.b_cj = p.hp;
+    down.n = p.d, down.k = p.h, down.ksplit = p.h;
+    down.epi = GatherEpilogue::ScatterRows, down.c = y.ptr, down.c_rs = y.rs, down.c_cs = y.cs;
+    launch_gathered_gemm(stream, down, p.type, tensor_cores, st.sm_count);
+}
+
+/// The cuBLAS part of the dense path: the first `cap` rows of the dense list compacted,
+/// multiplied by GEMMs of `cap` rows, and scattered back.
+template <class T>
+void run_dense_path_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
+                           const twDnMatDescr &x, const MatrixArg &y, int64_t cap, bool write_hidden) {
+    const MatrixArg xa = matrix_arg(x);
+    const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 1024)));
+    if (p.gated) {
+        gather_rows<T><<<blocks, 256, 0, stream>>>(static_cast<const T *>(xa.ptr), xa.rs, xa.cs, p.d, s.dense_rows,
+                                                  s.dense_count, cap, static_cast<T *>(s.xc), p.dp);
+        check_launch("gather_rows");
+        st.gemm.run(stream, 1.0f, {s.xc, cap, p.d, p.dp, TW_ORDER_ROW, p.type},
+                    {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type}, {s.up, s.ldg, p.type}, s.lt_workspace,
+                    s.lt_bytes);
+    }
+    compact_hidden<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 4096))), 256, 0, stream>>>(
+        static_cast<T *>(s.gate), s.ldg, static_cast<T *>(s.up), p.h, p.gated, s.dense_rows, s.dense_count, cap,
+        write_hidden, s.row_l1);
+    check_launch("compact_hidden");
+    st.gemm.run(stream, 1.0f, {s.up, cap, p.h, s.ldg, TW_ORDER_ROW, p.type},
+                {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {s.xc, p.dp, p.type}, s.lt_workspace, s.lt_bytes);
+    scatter_rows<T><<<blocks, 256, 0, stream>>>(static_cast<const T *>(s.xc), p.dp, p.d, s.dense_rows, s.dense_count, cap,
+                                               static_cast<T *>(y.ptr), y.rs, y.cs);
+    check_launch("scatter_rows");
+}
+
+/// Dense mode: the up projection of every row (gated), h and the statistics in one pass over the
+/// gate (pack), then the down projection (the gate GEMM ran before).
+template <class T>
+void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
+                    const twDnMatDescr &x, const twDnMatDescr &y) {
+    if (p.gated)
+        st.gemm.run(stream, 1.0f, operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
+                    {s.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
+    launch_count_dense<T>(stream, p, s, st.neuron_counts());
+    launch_pack<T>(stream, p, s, nullptr, false, true);
+    st.gemm.run(stream, 1.0f, {s.gate, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
+                {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type}, s.lt_workspace,
+                s.lt_bytes);
+}
+
+/// Statistics (and the l1 of dense-path rows from list position `first` on), published for the
+/// path choice, then the optional hidden output from h.
+template <class T>
+void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
+                   bool dense_l1, int64_t first, const twSpMatDescr *hidden) {
+    const unsigned blocks = static_cast<unsigned>(std::max(1, std::min(264, ceil_div(p.m, kFinalThreads / 32))));
+    finalize<T><<<blocks, kFinalThreads, 0, stream>>>(s.gate, s.ldg, p.h, p.gate_f32(), !p.gated, s.dense_rows,
+                                                      s.dense_count, dense_l1, first, p.m, s.row_nnz, s.count, s.row_l1,
+                                                      s.header + 1, st.device_stats(), st.feedback_sequence(),
+                                                      st.feedback.device());
+    check_launch("finalize");
+    if (hidden) {
+        // the gate buffer now holds h (inactive units zeroed); PLAIN keeps every stored pattern
+        // but +0, as the reference does
+        const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, p.gate_f32() ? TW_R_32F : p.type};
+        write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags);
+    }
+}
+
+// ---- the sequences
+
+template <class T>
+void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
+                       const twDnMatDescr &x, const twDnMatDescr &y, const twSpMatDescr *hidden, void *workspace) {
+    const FfnScratch s = carve_ffn_scratch(workspace, p, nullptr);
+    const FfnWeights w = st.weights(p);
+    const MatrixArg xa = matrix_arg(x), ya = matrix_arg(y);
+    if (path.decode) {
+        if constexpr (!std::is_same_v<T, float>) launch_decode<T>(stream, p, w, xa, ya, s, st.neuron_counts(), hidden);
+        launch_finish<T>(stream, st, p, s, false, 0, hidden);
+        return;
+    }
+    // the gate GEMM: z = X Wg^T, rounded to the gate type
+    st.gemm.run(stream, 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
+                {s.gate, s.ldg, p.gate_f32() ? TW_R_32F : p.type}, s.lt_workspace, s.lt_bytes);
+    if (path.dense_mode) {
+        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
+        launch_finish<T>(stream, st, p, s, false, 0, hidden);
+        return;
+    }
+    launch_pack<T>(stream, p, s, st.neuron_counts(), hidden != nullptr, false);
+    if (path.cublas_rows > 0) {
+        if constexpr (!std::is_same_v<T, float>)
+            run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, hidden != nullptr);
+    }
+    if (path.two_pass)
+        launch_two_pass<T>(stream, p, w, xa, ya, s);
+    else
+        launch_fused<T>(stream, p, w, xa, ya, s, hidden != nullptr);
+    launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
+    launch_finish<T>(stream, st, p, s, true, path.cublas_rows, hidden);
+}
+
+/// The training forward: the saved state holds the lists, counts and g / u of the sparse rows;
+/// the rows of the dense path keep only their id (the backward recomputes them).
+template <class T>
+void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
+                      const twDnMatDescr &x, const twDnMatDescr &y, void *saved, void *workspace) {
+    FfnScratch s = carve_ffn_scratch(workspace, p, nullptr);
+    point_scratch_into_saved(p, saved, s);
+    const SavedLayout l = saved_layout(p);
+    write_header<<<1, 1, 0, stream>>>(saved_header(p), reinterpret_cast<SavedHeader *>(static_cast<char *>(saved) + l.header));
+    check_launch("write_header");
+    if (p.m == 0) {  // the saved state of no tokens: a header and an empty dense list
+        check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
+        return;
+    }
+    const FfnWeights w = st.weights(p);
+    const MatrixArg xa = matrix_arg(x), ya = matrix_arg(y);
+    st.gemm.run(stream, 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
+                {s.gate, s.ldg, p.gate_f32() ? TW_R_32F : p.type}, s.lt_workspace, s.lt_bytes);
+    if (path.dense_mode) {
+        // every row is saved as one the backward recomputes (through cuBLAS: see ffn_backward)
+        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
+        launch_finish<T>(stream, st, p, s, false, 0, nullptr);
+        all_rows_dense<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(s.count, s.dense_rows,
+                                                                                          s.dense_count, p.m);
+        check_launch("all_rows_dense");
+        return;
+    }
+    launch_pack<T>(stream, p, s, st.neuron_counts(), false, false);
+    if (path.cublas_rows > 0) {
+        if constexpr (!std::is_same_v<T, float>) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, false);
+    }
+    launch_two_pass<T>(stream, p, w, xa, ya, s);
+    launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
+    launch_finish<T>(stream, st, p, s, true, path.cublas_rows, nullptr);
+}
+
+/// Everything the inference forward's enqueued work depends on.
+CallKey inference_key(const FfnProblem &p, const ForwardPath &path, const twDnMatDescr &x, const twDnMatDescr &y,
+                      const twSpMatDescr *hidden, const void *workspace) {
+    CallKey k;
+    k.add(p.m).add(p.highest).add(p.deterministic).add(p.tile).add(p.slots);
+    k.add(path.decode).add(path.dense_mode).add(path.two_pass).add(path.cublas_rows);
+    for (const twDnMatDescr *d : {&x, &y}) k.add(d->values).add(d->ld).add(d->order);
+    k.add(workspace).add(hidden);
+    if (hidden) {
+        k.add(hidden->buffer).add(hidden->format).add(hidden->type).add(hidden->rows).add(hidden->cols);
+        k.add(hidden->twell.tile_width).add(hidden->twell.compression);
+        k.add(hidden->hybrid.ell_width).add(hidden->hybrid.backup_rows);
+    }
+    return k;
+}
+
+}  // namespace
+
+void ffn_forward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
+                 const twSpMatDescr *hidden, void *workspace) {
+    CudaFfnState &st = state_of(ffn);
+    const FfnProblem p = problem_of(ffn, x.rows);
+    std::lock_guard<std::mutex> lock(st.mutex);
+    absorb_feedback(st, p.h);
+    const ForwardPath path = choose_path(st, p, y, false);
+    st.calls.run(stream, inference_key(p, path, x, y, hidden, workspace), [&](cudaStream_t s) {
+        by_type(p.type, [&](auto tag) { enqueue_inference<decltype(tag)>(s, st, p, path, x, y, hidden, workspace); });
+    });
+}
+
+void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
+                       void *saved, void *workspace) {
+    CudaFfnState &st = state_of(ffn);
+    const FfnProblem p = problem_of(ffn, x.rows);
+    std::lock_guard<std::mutex> lock(st.mutex);
+    absorb_feedback(st, p.h);
+    const ForwardPath path = choose_path(st, p, y, true);
+    by_type(p.type, [&](auto tag) { enqueue_training<decltype(tag)>(stream, st, p, path, x, y, saved, workspace); });
+}
+
+}  // namespace twblas::cuda

@@ -1,0 +1,26 @@
+// The forward of the fused FFN, inference and training: path choice, the sequence of GEMMs and
+// kernels, and their launchers. Nothing here allocates or synchronises.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "ffn_state.hpp"
+
+namespace twblas::cuda {
+
+/// twSpGEMMFused: Y (and the hidden output when not NULL) from X; scratch from `workspace`
+/// (carve_ffn_scratch). Repeated calls with the same arguments replay a captured graph.
+void ffn_forward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
+                 const twSpMatDescr *hidden, void *workspace);
+
+/// twSpGEMMFusedForwardTrain: as ffn_forward, and the saved state the backward reads
+/// (SavedLayout) written into `saved`.
+void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
+                       void *saved, void *workspace);
+
+/// Weights in the kernels' layouts (twCreateFfn, twFfnUpdateWeights; ffn_weights.cu): a setup
+/// call, it blocks.
+void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const twDnMatDescr *wg,
+                        const twDnMatDescr &wu, const twDnMatDescr &wd);
+
+}  // namespace twblas::cuda

@@ -1,0 +1,145 @@
+// The fused FFN's problem description, its weights in the kernels' layouts, and the layouts of
+// the memory a call works in: the forward's scratch, the training forward's saved state and the
+// backward's scratch. Each is carved in one function, which also measures it, so that sizing and
+// use always agree.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "twblas/twblas.h"
+
+namespace twblas::cuda {
+
+struct FfnProblem {
+    int64_t m, d, h, dp, hp;  // dp, hp: D and H rounded up to 8 (16-byte rows)
+    twDataType_t type;        // X, Y and weights
+    bool gated, highest, deterministic;
+    int32_t tile, slots;  // TwELL tile of the path: a row with more than `slots` active units in
+                          // a tile goes through the exact dense path
+    /// The gate (and h, u, dz, du) in fp32: fp32 data, or HIGHEST_PRECISION.
+    bool gate_f32() const { return type == TW_R_32F || highest; }
+    size_t gate_bytes() const { return gate_f32() ? 4 : 2; }
+    /// Where cuBLAS may run the dense parts: 16-bit values in DEFAULT mode.
+    bool cublas_ok() const { return !gate_f32(); }
+};
+
+/// The FFN's weights in the kernels' layouts, made by twCreateFfn (pads are zero).
+struct FfnWeights {
+    const void *gate;     // H x dp: Wg (gated) or Wu (plain), the GEMM whose ReLU gives sparsity
+    const void *pair;     // H rows of `pair_stride`: [Wu_j | Wd_j] (gated) or [Wd_j] (plain)
+    int64_t pair_stride;  // elements
+    const void *down_t;   // D x hp: Wd^T, for the dense path
+};
+
+/// Device-side statistics of the last forward (deterministic: reduced in a fixed order).
+struct FfnDeviceStats {
+    long long tokens, total_nnz, max_row, overflow_rows;  // overflow: a TwELL tile over capacity
+    long long dense_rows;                                  // rows on the dense path (overflow + long)
+    double l1_sum;
+};
+
+/// The statistics as the host reads them without a wait (written by the finishing kernel into
+/// mapped host memory): `sequence` is odd while a kernel writes, even once the values are whole.
+struct FfnFeedback {
+    FfnDeviceStats stats;
+    unsigned long long sequence;
+};
+
+/// Width of the per-token active-unit lists: the most units a row without tile overflow has.
+int32_t ffn_list_width(const FfnProblem &p);
+
+/// Pieces of a forward's workspace.
+struct FfnScratch {
+    void *lt_workspace;  // cuBLASLt
+    size_t lt_bytes;
+    void *gate;          // M x hp, gate type; later h
+    int64_t ldg;
+    void *up;            // M x hp: X Wu^T of every row (dense mode) or of the compacted dense-path
+                         // rows, then their h (NULL where cuBLAS does not run)
+    void *xc;            // M x dp: compacted X rows of the dense path, then their Y rows
+    uint16_t *idx;       // M x cap active units in ascending order
+    int32_t cap;
+    int32_t *count;      // M: active units, -1 / -2 for rows on the dense path
+    int32_t *row_nnz;    // M: active units of every row
+    float *row_l1;       // M: sum |h| of each row
+    uint32_t *header;    // [0] rows on the dense path, [1] the finishing kernel's ticket
+    uint32_t *dense_count;  // = header
+    int32_t *dense_rows;    // M
+    int32_t *writer_flags;  // M + 64 (hidden output)
+    int32_t row_limit;      // rows with more active units take the dense path
+    void *save_g, *save_u;  // training forward: g and u per list slot (else NULL)
+    int splits;             // teams per token in the fused kernel
+    float *partial;         // splits x M x dp partial rows, then splits x M l1 (splits > 1)
+    int32_t *dec_zero;      // decode: row_nnz [M], list counts [M], tile counts [M x NT] (zeroed)
+    int32_t *dec_list;      // decode: per token, the blocks that wrote a partial row
+    float *dec_partial;     // decode: per block and token a partial y row, then per block l1
+};
+FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
+
+// ---- training
+
+/// Width of the saved ELL part: rows with more active units are recomputed in the backward.
+constexpr int32_t kSavedEll = 128;
+
+/// The training forward's saved state, in the caller's buffer (offsets in bytes): a header
+/// (shape, type, mode), the dense-list count (and the forward's finishing ticket), each row's
+/// count (-1 or -2: a row on the dense path, recomputed from X in the backward), the dense list,
+/// and an ELL part: each sparse row's active units in ascending order with their g and u (gate
+/// type). At the paper's shape it is 1/14 of a dense bf16 h.
+struct SavedLayout {
+    int32_t ell;
+    size_t header, words, count, dense_rows, idx, g, u, total;
+};
+SavedLayout saved_layout(const FfnProblem &p);
+
+struct SavedHeader {
+    uint64_t magic;
+    int64_t tokens, model_dim, hidden_dim;
+    int32_t gated, type, highest, ell;
+};
+constexpr uint64_t kSavedMagic = 0x7477637564617331ull;  // "twcudas1"
+SavedHeader saved_header(const FfnProblem &p);
+
+/// Read-only pointers into a saved state.
+struct SavedView {
+    const uint32_t *dense_count;
+    const int32_t *count, *dense_rows;
+    const uint16_t *idx;
+    const void *g, *u;
+};
+SavedView saved_view(const FfnProblem &p, const void *saved);
+/// Points the forward's lists, counts and saved g / u into `saved` (the training forward writes
+/// them there instead of into its workspace).
+void point_scratch_into_saved(const FfnProblem &p, void *saved, FfnScratch &s);
+
+/// The backward's workspace.
+struct TrainScratch {
+    uint32_t *keys, *keys_sorted;  // M x ell: unit id of each slot (H when empty)
+    int32_t *slots, *slots_sorted;
+    void *sort_temp;
+    size_t sort_bytes;
+    int32_t *rows_key, *rows_sorted;  // the dense list in ascending row order
+    void *rows_temp;
+    size_t rows_bytes;
+    int32_t *unit_start;  // H + 1
+    void *dz, *du;        // M x ell, gate type
+    void *rz, *ru, *rh;   // recomputed rows: M x hp, gate type
+    float *dw_dense;      // 3 x H x dp: the recomputed rows' weight-gradient terms
+    // the cuBLAS part of the recompute (16-bit DEFAULT only; NULL otherwise)
+    void *lt_workspace;
+    size_t lt_bytes;
+    void *xc, *dyc;  // cap x dp compacted X and dY rows
+    float *dxc;      // (2 x) cap x dp: dZ Wg and dU Wu (fp32)
+};
+TrainScratch carve_train_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
+
+/// Bits of a radix-sort key that holds values up to `max_value`.
+int key_bits(int64_t max_value);
+
+}  // namespace twblas::cuda
+
+namespace twblas::cuda {
+/// The decode kernel's block: one warp per unit, this many units (its partial rows are per block).
+constexpr int kDecodeUnitsPerBlock = 8;
+}  // namespace twblas::cuda

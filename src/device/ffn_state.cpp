@@ -1,0 +1,93 @@
+#include "ffn_state.hpp"
+
+#include <atomic>
+
+#include "heuristics.hpp"
+
+namespace twblas::cuda {
+
+FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens) {
+    FfnProblem p{};
+    p.m = tokens;
+    p.d = ffn.model_dim;
+    p.h = ffn.hidden_dim;
+    p.dp = (p.d + 7) / 8 * 8;
+    p.hp = (p.h + 7) / 8 * 8;
+    p.type = ffn.type;
+    p.gated = ffn.gated();
+    p.highest = ffn.compute_mode == TW_COMPUTE_HIGHEST_PRECISION;
+    p.deterministic = ffn.deterministic != 0;
+    p.tile = ffn.tile_width;
+    p.slots = ffn.tile_width / ffn.compression - 1;
+    return p;
+}
+
+std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, int sm_count, cudaStream_t stream) {
+    const FfnProblem p = problem_of(ffn, 0);
+    if (p.dp > heuristics::max_model_dim(p.type))
+        fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports a model dimension up to %lld for this type; D = %lld",
+             static_cast<long long>(heuristics::max_model_dim(p.type)), static_cast<long long>(p.d));
+    if (p.h > kMaxSparseCols)
+        fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN keeps unit ids in 16 bits: H up to %lld; H = %lld",
+             static_cast<long long>(kMaxSparseCols), static_cast<long long>(p.h));
+    auto st = std::make_unique<CudaFfnState>();
+    st->sm_count = sm_count;
+    const size_t eb = elem_bytes(p.type);
+    st->gate.reset(static_cast<size_t>(p.h * p.dp) * eb);
+    st->pair.reset(static_cast<size_t>(p.h * p.dp * (p.gated ? 2 : 1)) * eb);
+    st->down_t.reset(static_cast<size_t>(p.d * p.hp) * eb);
+    st->stats.reset(sizeof(FfnDeviceStats) + sizeof(unsigned long long));
+    st->counts.reset(static_cast<size_t>(p.h) * 8);
+    check(cudaMemsetAsync(st->stats.get(), 0, st->stats.bytes(), stream), "cudaMemsetAsync");
+    check(cudaMemsetAsync(st->counts.get(), 0, st->counts.bytes(), stream), "cudaMemsetAsync");
+    return st;
+}
+
+void absorb_feedback(CudaFfnState &st, int64_t hidden_dim) {
+    // a seqlock read: the sequence is odd while a kernel writes; equal before and after the copy,
+    // the copy is whole
+    volatile FfnFeedback *f = st.feedback.host();
+    const unsigned long long before = f->sequence;
+    if (before == st.feedback_seen || (before & 1ull)) return;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    FfnDeviceStats s;
+    s.tokens = f->stats.tokens;
+    s.total_nnz = f->stats.total_nnz;
+    s.dense_rows = f->stats.dense_rows;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (f->sequence != before) return;  // overwritten meanwhile: look again next call
+    st.feedback_seen = before;
+    st.dense_mode = heuristics::dense_mode_after(s.tokens, s.total_nnz, s.dense_rows, hidden_dim);
+    st.dense_row_fraction = s.tokens ? static_cast<double>(s.dense_rows) / static_cast<double>(s.tokens) : 0.0;
+}
+
+}  // namespace twblas::cuda
+
+namespace twblas::cuda {
+
+FfnProblem training_problem_of(const twFfnDescr &ffn, int64_t tokens) {
+    const FfnProblem p = problem_of(ffn, tokens);
+    if (tokens * int64_t{kSavedEll} >= (int64_t{1} << 31))
+        fail(TW_STATUS_NOT_SUPPORTED, "CUDA training: up to %lld tokens per call; got %lld",
+             static_cast<long long>(((int64_t{1} << 31) - 1) / kSavedEll), static_cast<long long>(tokens));
+    return p;
+}
+
+twFfnStats_t read_ffn_stats(cudaStream_t stream, CudaFfnState &st, int64_t hidden_dim) {
+    FfnDeviceStats d{};
+    check(cudaMemcpyAsync(&d, st.device_stats(), sizeof d, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    {
+        std::lock_guard<std::mutex> lock(st.mutex);
+        absorb_feedback(st, hidden_dim);  // complete now: steer the next forward
+    }
+    twFfnStats_t out{};
+    out.tokens = d.tokens;
+    out.meanRowNnz = d.tokens ? static_cast<double>(d.total_nnz) / static_cast<double>(d.tokens) : 0.0;
+    out.maxRowNnz = d.max_row;
+    out.overflowRows = d.overflow_rows;
+    out.l1 = d.tokens ? d.l1_sum / static_cast<double>(d.tokens) : 0.0;
+    return out;
+}
+
+}  // namespace twblas::cuda

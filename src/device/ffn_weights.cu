@@ -1,0 +1,48 @@
+// The FFN's weights in the kernels' layouts (FfnWeights), copied by twCreateFfn and
+// twFfnUpdateWeights from user weights in either order.
+#include <algorithm>
+
+#include "common/matrix_arg.hpp"
+#include "ffn_forward.hpp"
+#include "kernels/repack.cuh"
+
+namespace twblas::cuda {
+
+namespace {
+
+void launch_repack(cudaStream_t stream, const MatrixArg &in, bool transpose, void *out, int64_t ldo,
+                   int64_t out_rows, int64_t out_cols) {
+    if (out_rows == 0 || out_cols == 0) return;
+    for (int64_t r0 = 0; r0 < out_rows; r0 += 65535) {  // grid.y limit
+        const int64_t rows = std::min<int64_t>(65535, out_rows - r0);
+        const int elem = static_cast<int>(elem_bytes(in.type));
+        MatrixArg shifted = in;
+        // shift the output rows: logical out row r0 + y
+        if (transpose)
+            shifted.ptr = static_cast<char *>(in.ptr) + r0 * in.cs * elem, shifted.cols = in.cols - r0;
+        else
+            shifted.ptr = static_cast<char *>(in.ptr) + r0 * in.rs * elem, shifted.rows = in.rows - r0;
+        repack<<<dim3(ceil_div(out_cols, 256), static_cast<unsigned>(rows)), 256, 0, stream>>>(
+            shifted, transpose, static_cast<char *>(out) + r0 * ldo * elem, ldo, rows, out_cols, elem);
+        check_launch("repack");
+    }
+}
+
+}  // namespace
+
+void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const twDnMatDescr *wg,
+                        const twDnMatDescr &wu, const twDnMatDescr &wd) {
+    const int64_t eb = static_cast<int64_t>(elem_bytes(p.type));
+    launch_repack(stream, matrix_arg(p.gated ? *wg : wu), false, st.gate.get(), p.dp, p.h, p.dp);
+    if (p.gated) {
+        // pair row j = [Wu_j | Wd_j]: two strided copies into the halves
+        launch_repack(stream, matrix_arg(wu), false, st.pair.get(), 2 * p.dp, p.h, p.dp);
+        launch_repack(stream, matrix_arg(wd), false, st.pair.get<char>() + p.dp * eb, 2 * p.dp, p.h, p.dp);
+    } else {
+        launch_repack(stream, matrix_arg(wd), false, st.pair.get(), p.dp, p.h, p.dp);
+    }
+    launch_repack(stream, matrix_arg(wd), true, st.down_t.get(), p.hp, p.d, p.hp);
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // setup call: blocks
+}
+
+}  // namespace twblas::cuda

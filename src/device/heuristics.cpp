@@ -1,0 +1,46 @@
+#include "heuristics.hpp"
+
+#include <algorithm>
+
+#include "ffn_layout.hpp"
+
+namespace twblas::cuda::heuristics {
+
+bool decode_applies(const FfnProblem &p) {
+    return p.m >= 1 && p.m <= kDecodeMaxTokens && !p.gate_f32() && p.dp <= 4096;
+}
+
+bool two_pass_applies(const FfnProblem &p) { return p.m >= kTwoPassMinTokens; }
+
+int fused_splits(int64_t tokens) {
+    if (tokens <= 0 || tokens >= kTwoPassMinTokens) return 1;
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(32, 512 / tokens)));
+}
+
+int64_t max_model_dim(twDataType_t type) {
+    const int64_t values_per_chunk = type == TW_R_32F ? 4 : 8;
+    return int64_t{kFusedMaxTeamWarps} * kFusedWarpChunks * 32 * values_per_chunk;
+}
+
+int32_t dense_path_row_limit(int64_t hidden_dim) {
+    return static_cast<int32_t>(std::max<int64_t>(hidden_dim / 32, 64));
+}
+
+bool dense_mode_after(int64_t tokens, int64_t total_active, int64_t dense_rows, int64_t hidden_dim) {
+    if (tokens <= 0) return false;
+    const double mean = static_cast<double>(total_active) / static_cast<double>(tokens);
+    return mean > static_cast<double>(hidden_dim) / 128.0 || 4 * dense_rows > tokens;
+}
+
+int64_t dense_path_cublas_rows(double dense_row_fraction, int64_t tokens) {
+    if (dense_row_fraction <= 0.0) return 0;
+    const double want = 1.25 * dense_row_fraction * static_cast<double>(tokens) + 64.0;
+    return std::min<int64_t>(tokens, (static_cast<int64_t>(want) + 63) / 64 * 64);
+}
+
+int gathered_row_blocks(int64_t max_rows, int64_t column_tiles, int sm_count) {
+    const int64_t row_blocks = (max_rows + 63) / 64;
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(row_blocks, std::max<int64_t>(1, 4 * sm_count / column_tiles))));
+}
+
+}  // namespace twblas::cuda::heuristics

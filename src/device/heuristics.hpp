@@ -1,0 +1,68 @@
+// Every tuning choice of the CUDA backend in one place: path crossovers, team sizes, capacities
+// and modes. Each says the measurement it came from (bench/NOTES.md has the details). Kernel
+// capacities that are not choices (the decode kernel's token limit, the saved ELL width) live
+// with their kernels and layouts.
+#pragma once
+
+#include <cstdint>
+
+#include "twblas/twblas.h"
+
+namespace twblas::cuda {
+
+struct FfnProblem;
+
+namespace heuristics {
+
+// ---- which forward path
+
+/// Decode (a few tokens, 16-bit, D <= 4096): one kernel does the gate, the unit choice and the
+/// up/down projections. Measured on an H100 at D = 2048, H = 5632: 29 us at M = 1 and 53 us at
+/// M = 8 (its gate dot products run on CUDA cores, ~3.4 us per token) against ~44 us flat for
+/// the cuBLAS path: it wins up to about 4 tokens.
+constexpr int64_t kDecodeMaxTokens = 4;
+bool decode_applies(const FfnProblem &p);
+
+/// From this many tokens the sparse rows go through the two-pass kernels (a warp per active
+/// unit for u and h, then y by 512-column slices); below it through the fused kernel, whose
+/// units of a token are dealt to several teams (see fused_splits). Measured on an H100 at the
+/// paper's shape: bench/NOTES.md, "two-pass crossover".
+constexpr int64_t kTwoPassMinTokens = 257;
+bool two_pass_applies(const FfnProblem &p);
+
+/// Teams of warps per token in the fused kernel at small M: enough loads in flight for the GPU.
+/// Depends on M alone, so results stay reproducible.
+int fused_splits(int64_t tokens);
+
+// ---- the fused kernel's team shape
+
+/// A warp covers up to 4 chunks of 16 bytes per lane (1024 bf16 values); wider rows take a team
+/// of up to 8 warps, which keeps registers near 100 and occupancy up (ncu at D = 2048 with one
+/// warp of 177 registers: 7 warps per SM, stalls on dependent instructions).
+constexpr int kFusedWarpChunks = 4, kFusedMaxTeamWarps = 8;
+/// Largest model dimension D the fused kernel takes for a value type.
+int64_t max_model_dim(twDataType_t type);
+
+// ---- the dense path and dense mode
+
+/// Rows with more active units than this take the dense path: the break-even of gathers (8 KB
+/// per unit at D = 2048) against a GEMM row (4 D H flops) is about H / 32 units; never below
+/// what the TwELL tiles hold on average.
+int32_t dense_path_row_limit(int64_t hidden_dim);
+
+/// Dense mode (the up and down projections as cuBLAS GEMMs over every row) after a forward with
+/// more active units per token than gathers beat tensor-core GEMMs at (about H / 128: 8 KB of
+/// gathered weights per unit at ~5 TB/s against 4 D H flops per token at ~700 TFLOP/s), or with
+/// a quarter of its rows on the dense path.
+bool dense_mode_after(int64_t tokens, int64_t total_active, int64_t dense_rows, int64_t hidden_dim);
+
+/// Rows of the dense path that go through cuBLAS GEMMs: 1.25x the last measured share plus 64,
+/// rounded to 64 (0 when none was seen). Rows past it go through the gathered GEMM, so nothing
+/// depends on it being large enough.
+int64_t dense_path_cublas_rows(double dense_row_fraction, int64_t tokens);
+
+/// Row blocks of a gathered GEMM per column tile: enough blocks for 4 per SM.
+int gathered_row_blocks(int64_t max_rows, int64_t column_tiles, int sm_count);
+
+}  // namespace heuristics
+}  // namespace twblas::cuda

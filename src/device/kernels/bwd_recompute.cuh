@@ -1,0 +1,56 @@
+// The cuBLAS part of the backward's recompute: the first `cap` rows of the sorted dense list.
+#pragma once
+
+#include "common/matrix_arg.hpp"
+#include "common/values.cuh"
+#include "kernels/ffn_math.cuh"
+
+namespace twblas::cuda {
+
+// ---- the cuBLAS part of the recompute: the first `cap` rows of the sorted dense list
+
+/// X and dY rows of list positions [0, cap) compacted (zero rows past the count: their z = 0
+/// makes every unit inactive, so they add nothing to the cuBLAS weight-gradient GEMMs).
+template <class T> __global__ void gather_pair(MatrixArg x, MatrixArg dy, const int32_t *rows, const uint32_t *count,
+                                               int64_t cap, int64_t d, int64_t dp, T *xc, T *dyc) {
+    const int64_t n = min(static_cast<int64_t>(*count), cap);
+    const T *xs = static_cast<const T *>(x.ptr), *ys = static_cast<const T *>(dy.ptr);
+    for (int64_t i = blockIdx.x; i < cap; i += gridDim.x) {
+        const int64_t r = i < n ? rows[i] : -1;
+        for (int64_t k = threadIdx.x; k < dp; k += blockDim.x) {
+            const bool in = r >= 0 && k < d;
+            xc[i * dp + k] = in ? xs[r * x.rs + k * x.cs] : Value<T>::from_float(0.0f);
+            dyc[i * dp + k] = in ? ys[r * dy.rs + k * dy.cs] : Value<T>::from_float(0.0f);
+        }
+    }
+}
+
+/// z, u, dh (cuBLAS outputs, value type) -> dz, du, h in place, as the BackwardGrad epilogue.
+template <class T> __global__ void dense_grads(T *rz, T *ru, T *rh, int64_t cap, int64_t h, int64_t hp, bool gated,
+                                               float l1_scale) {
+    for (int64_t i = blockIdx.x; i < cap; i += gridDim.x)
+        for (int64_t j = threadIdx.x; j < hp; j += blockDim.x) {
+            const int64_t at = i * hp + j;
+            const float z = Value<T>::to_float(rz[at]);
+            UnitGrad ug{0.0f, 0.0f, 0.0f};
+            if (j < h && relu_active(z))
+                ug = unit_grad<T>(z, gated ? Value<T>::to_float(ru[at]) : 0.0f, Value<T>::to_float(rh[at]), gated, false,
+                                  l1_scale);
+            rz[at] = Value<T>::from_float(ug.dz);
+            if (gated) ru[at] = Value<T>::from_float(ug.du);
+            rh[at] = Value<T>::from_float(ug.h);
+        }
+}
+
+/// dX rows of the first `cap` list positions: dZ Wg (+ dU Wu), fp32 from cuBLAS, rounded once.
+template <class T> __global__ void scatter_sum(const float *a, const float *b, int64_t ld, const int32_t *rows,
+                                               const uint32_t *count, int64_t cap, int64_t d, T *dx, int64_t rs, int64_t cs) {
+    const int64_t n = min(static_cast<int64_t>(*count), cap);
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const int64_t r = rows[i];
+        for (int64_t k = threadIdx.x; k < d; k += blockDim.x)
+            dx[r * rs + k * cs] = Value<T>::from_float(a[i * ld + k] + (b ? b[i * ld + k] : 0.0f));
+    }
+}
+
+}  // namespace twblas::cuda

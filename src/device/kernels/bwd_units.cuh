@@ -1,0 +1,176 @@
+// The backward's transpose (slots keyed by unit for a stable radix sort) and unit phase: a block
+// per (unit, column slice) sums dz X_t, du X_t and h dY_t over the unit's tokens in ascending
+// token order and writes each weight-gradient row once.
+#pragma once
+
+#include "common/values.cuh"
+
+namespace twblas::cuda {
+
+// ---- transpose: (token, unit) slots sorted by unit
+
+/// Key of each slot: its unit id, or H for an empty slot and the slots of recomputed rows.
+__global__ void slot_keys(const uint16_t *idx, const int32_t *count, int64_t m, int ell, int64_t h, uint32_t *keys,
+                          int32_t *slots) {
+    const int64_t total = m * ell;
+    for (int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < total;
+         s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t row = s / ell, i = s % ell;
+        const int n = count[row];
+        uint32_t key = static_cast<uint32_t>(h);
+        if (n >= 0 && i < n && idx[s] < h) key = idx[s];
+        keys[s] = key;
+        slots[s] = static_cast<int32_t>(s);
+    }
+}
+
+
+/// The dense list (filled by atomics in the forward, so in no fixed order) as sort keys: row
+/// ids, and M past the count. Sorted, the weight-gradient sums run in ascending row order.
+__global__ void dense_row_keys(const int32_t *rows, const uint32_t *count, int64_t m, int32_t *keys) {
+    const int64_t n = min(static_cast<int64_t>(*count), m);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < m;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        keys[i] = i < n ? min(max(rows[i], 0), static_cast<int32_t>(m - 1)) : static_cast<int32_t>(m);
+}
+
+/// start[u] = first sorted position whose key is >= u, for u in [0, H]: unit j's slots are
+/// [start[j], start[j + 1]).
+__global__ void unit_starts(const uint32_t *keys, int64_t total, int64_t h, int32_t *start) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    if (total == 0) {
+        for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u <= h; u += stride) start[u] = 0;
+        return;
+    }
+    for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += stride) {
+        const int64_t k = keys[p], prev = p ? static_cast<int64_t>(keys[p - 1]) : -1;
+        for (int64_t u = prev + 1; u <= k && u <= h; ++u) start[u] = static_cast<int32_t>(p);
+        if (p == total - 1)
+            for (int64_t u = k + 1; u <= h; ++u) start[u] = static_cast<int32_t>(total);
+    }
+}
+
+// ---- unit phase: a block per (unit, column chunk); the unit's tokens staged in shared memory
+
+template <class T> struct UnitArgs {
+    const T *x;
+    int64_t x_rs, x_cs;
+    bool x_vec;
+    const T *dy;
+    int64_t dy_rs, dy_cs;
+    bool dy_vec;
+    const int32_t *start, *slots;
+    int ell;
+    const void *sg, *su, *dz, *du;
+    bool gate_f32, gated, highest;
+    const float *dw_dense;  // [3][H][dp]: the recomputed rows' terms, when *dense_count > 0
+    const uint32_t *dense_count;
+    int64_t dp, d, h;
+    T *out_z;  // dz X: dWg (gated) or dWu (plain)
+    int64_t z_rs, z_cs;
+    bool z_vec;
+    T *out_u;  // du X: dWu (gated only)
+    int64_t u_rs, u_cs;
+    bool u_vec;
+    T *out_d;  // h dY: dWd
+    int64_t d_rs, d_cs;
+    bool d_vec;
+};
+
+// A block covers 512 columns (64 threads of 8 bf16) of one unit, and the grid runs column slice
+// by column slice (blockIdx.x = unit is the fast index): while one slice is in flight, the X and
+// dY columns it gathers (2 x 16 MB at M = 16384, D = 2048) stay in L2. With whole rows per block
+// the gathers of X and dY rows (4 KB each, 3.9 GB at the paper's shape) came from HBM: ncu put
+// this kernel at 1.11 ms, about HBM speed.
+constexpr int kUnitThreads = 64, kUnitBatch = 64;
+
+template <class T> __global__ void __launch_bounds__(kUnitThreads) backward_units(UnitArgs<T> a) {
+    constexpr int E = Chunk<T>::n;
+    __shared__ int64_t s_tok[kUnitBatch];
+    __shared__ float s_z[kUnitBatch], s_u[kUnitBatch], s_h[kUnitBatch];
+    const int64_t j = blockIdx.x;
+    const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kUnitThreads + threadIdx.x) * E;
+    float az[E], au[E], ad[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) az[e] = au[e] = ad[e] = 0.0f;
+    const int32_t p0 = a.start[j], p1 = a.start[j + 1];
+    for (int32_t b = p0; b < p1; b += kUnitBatch) {
+        const int nb = min(kUnitBatch, p1 - b);
+        __syncthreads();
+        if (threadIdx.x < nb) {
+            const int64_t slot = a.slots[b + threadIdx.x];
+            s_tok[threadIdx.x] = slot / a.ell;
+            const float g = gate_value<T>(a.sg, slot, a.gate_f32);
+            s_z[threadIdx.x] = gate_value<T>(a.dz, slot, a.gate_f32);
+            if (a.gated) {
+                const float u = gate_value<T>(a.su, slot, a.gate_f32);
+                s_u[threadIdx.x] = gate_value<T>(a.du, slot, a.gate_f32);
+                s_h[threadIdx.x] = a.highest ? g * u : round_to<T>(g * u);
+            } else {
+                s_h[threadIdx.x] = g;
+            }
+        }
+        __syncthreads();
+        if (k0 >= a.dp) continue;
+        int e = 0;
+        if (a.x_vec && a.dy_vec && k0 + E <= a.d) {
+            // four entries at a time: their eight 16-byte loads are issued before any is used
+            // (the kernel is bound by load latency, not bandwidth)
+            constexpr int kG = 4;
+            for (; e + kG <= nb; e += kG) {
+                uint4 xq[kG], yq[kG];
+#pragma unroll
+                for (int g = 0; g < kG; ++g) {
+                    const int64_t tok = s_tok[e + g];
+                    xq[g] = *reinterpret_cast<const uint4 *>(a.x + tok * a.x_rs + k0);
+                    yq[g] = *reinterpret_cast<const uint4 *>(a.dy + tok * a.dy_rs + k0);
+                }
+#pragma unroll
+                for (int g = 0; g < kG; ++g) {
+                    const float cz = s_z[e + g], ch = s_h[e + g], cu = a.gated ? s_u[e + g] : 0.0f;
+#pragma unroll
+                    for (int q = 0; q < E; ++q) {
+                        const float xv = Chunk<T>::get(xq[g], q);
+                        az[q] = fmaf(cz, xv, az[q]);
+                        au[q] = fmaf(cu, xv, au[q]);
+                        ad[q] = fmaf(ch, Chunk<T>::get(yq[g], q), ad[q]);
+                    }
+                }
+            }
+        }
+        for (; e < nb; ++e) {
+            const int64_t tok = s_tok[e];
+            float xv[E], yv[E];
+            load_chunk(a.x, tok, a.x_rs, a.x_cs, a.x_vec, k0, a.d, xv);
+            load_chunk(a.dy, tok, a.dy_rs, a.dy_cs, a.dy_vec, k0, a.d, yv);
+            const float cz = s_z[e], ch = s_h[e];
+#pragma unroll
+            for (int q = 0; q < E; ++q) {
+                az[q] = fmaf(cz, xv[q], az[q]);
+                ad[q] = fmaf(ch, yv[q], ad[q]);
+            }
+            if (a.gated) {
+                const float cu = s_u[e];
+#pragma unroll
+                for (int q = 0; q < E; ++q) au[q] = fmaf(cu, xv[q], au[q]);
+            }
+        }
+    }
+    if (k0 >= a.d) return;
+    if (*a.dense_count > 0) {
+        const int64_t plane = a.h * a.dp;
+#pragma unroll
+        for (int q = 0; q < E; ++q) {
+            if (k0 + q >= a.dp) break;
+            const int64_t at = j * a.dp + k0 + q;
+            az[q] += a.dw_dense[at];
+            au[q] += a.dw_dense[plane + at];
+            ad[q] += a.dw_dense[2 * plane + at];
+        }
+    }
+    store_chunk(a.out_z, j, a.z_rs, a.z_cs, a.z_vec, k0, a.d, az);
+    if (a.gated) store_chunk(a.out_u, j, a.u_rs, a.u_cs, a.u_vec, k0, a.d, au);
+    store_chunk(a.out_d, j, a.d_rs, a.d_cs, a.d_vec, k0, a.d, ad);
+}
+
+}  // namespace twblas::cuda

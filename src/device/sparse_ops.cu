@@ -1,0 +1,109 @@
+// The building blocks' launchers: the dense -> sparse writer (DenseToSparse, GemmToSparse, the
+// FFN's hidden output) and SpMM.
+#include "sparse_ops.hpp"
+
+#include <algorithm>
+
+#include "common/workspace.hpp"
+#include "kernels/sparse_containers.cuh"
+
+namespace twblas::cuda {
+
+namespace {
+
+ContainerArgs sparse_args(const twSpMatDescr &s) {
+    ContainerArgs a{};
+    a.base = static_cast<uint8_t *>(s.buffer);
+    a.type = s.type;
+    a.rows = s.rows;
+    a.cols = s.cols;
+    if (s.format == TW_FORMAT_TWELL) {
+        a.tile = s.twell.tile_width;
+        a.slots = static_cast<int32_t>(s.twell.slots);
+        a.words_per_block = static_cast<int32_t>(s.twell.words_per_block);
+        a.ld = s.twell.ld;
+        a.record = static_cast<int64_t>(s.twell.overflow_offset_words());
+    } else {
+        const HybridLayout &l = s.hybrid;
+        a.ell_width = l.ell_width;
+        a.backup_rows = l.backup_rows;
+        a.row_nnz = l.row_nnz;
+        a.ell_cols = l.ell_cols;
+        a.ell_vals = l.ell_vals;
+        a.backup_count = l.backup_count;
+        a.backup_row_ids = l.backup_row_ids;
+        a.backup_map = l.backup_map;
+        a.backup_vals = l.backup_vals;
+        a.value_bytes = l.value_bytes;
+    }
+    return a;
+}
+
+struct GemmScratch {
+    void *lt, *z;
+    int32_t *flags;
+    size_t total;
+};
+GemmScratch carve_gemm_scratch(const twDnMatDescr &a, const twDnMatDescr &b, const twSpMatDescr &c, void *ws) {
+    WorkspaceCarver carve(ws);
+    GemmScratch s{};
+    s.lt = carve.take<char>(GemmRunner::kWorkspaceBytes);
+    s.z = carve.take<float>(static_cast<size_t>(a.rows * std::max<int64_t>(1, (b.rows + 7) / 8 * 8)));
+    s.flags = carve.take<int32_t>(sparse_writer_workspace(c) / 4 + 1);
+    s.total = carve.used();
+    return s;
+}
+
+}  // namespace
+
+size_t gemm_to_sparse_workspace(const twDnMatDescr &a, const twDnMatDescr &b, const twSpMatDescr &c) {
+    return carve_gemm_scratch(a, b, c, nullptr).total;
+}
+
+void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, float alpha, const twDnMatDescr &a, const twDnMatDescr &b,
+                    const twSpMatDescr &c, twConvertOp_t act, void *workspace) {
+    const GemmScratch s = carve_gemm_scratch(a, b, c, workspace);
+    const int64_t ldz = std::max<int64_t>(1, (b.rows + 7) / 8 * 8);
+    gemm.run(stream, alpha, {a.values, a.rows, a.cols, a.ld, a.order, a.type}, {b.values, b.rows, b.cols, b.ld, b.order, b.type},
+             {s.z, ldz, TW_R_32F}, s.lt, GemmRunner::kWorkspaceBytes);
+    const MatrixArg z{s.z, a.rows, b.rows, ldz, 1, TW_R_32F};
+    write_sparse(stream, z, act, c, s.flags);
+}
+
+size_t sparse_writer_workspace(const twSpMatDescr &out) { return static_cast<size_t>(out.rows) * 4 + 256; }
+
+void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
+                  void *workspace) {
+    if (out.rows == 0) {
+        // an empty container still has a record / backup count, which must read 0
+        const size_t at_bytes = out.format == TW_FORMAT_TWELL ? out.twell.overflow_offset_words() * 4 : out.hybrid.backup_count;
+        check(cudaMemsetAsync(static_cast<uint8_t *>(out.buffer) + at_bytes, 0, 4, stream), "cudaMemsetAsync");
+        return;
+    }
+    const ContainerArgs args = sparse_args(out);
+    auto *flags = static_cast<int32_t *>(workspace);
+    const int warps_per_block = 4;
+    const int blocks = ceil_div(out.rows, warps_per_block);
+    const bool twell = out.format == TW_FORMAT_TWELL;
+    if (twell)
+        write_twell_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
+    else
+        write_hybrid_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
+    check_launch("write_sparse rows");
+    assign_flagged_rows<<<1, kScanThreads, 0, stream>>>(flags, out.rows, args, twell);
+    check_launch("assign_flagged_rows");
+    if (!twell) {
+        write_hybrid_backup<<<static_cast<unsigned>(out.rows), 256, 0, stream>>>(in, op, args, flags);
+        check_launch("write_hybrid_backup");
+    }
+}
+
+void spmm(cudaStream_t stream, float alpha, const twSpMatDescr &s, const MatrixArg &w, float beta,
+          const MatrixArg &y) {
+    if (y.rows == 0 || y.cols == 0) return;
+    spmm_rows<<<static_cast<unsigned>(y.rows), kSpmmThreads, 0, stream>>>(alpha, sparse_args(s),
+                                                                         s.format == TW_FORMAT_TWELL, w, beta, y);
+    check_launch("spmm_rows");
+}
+
+}  // namespace twblas::cuda

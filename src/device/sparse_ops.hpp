@@ -1,0 +1,32 @@
+// Launchers of the building blocks on sparse containers (compute calls: they enqueue on the given
+// stream, never allocate, never synchronise).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "common/matrix_arg.hpp"
+#include "gemm/lt_gemm.hpp"
+#include "host/objects.hpp"
+
+namespace twblas::cuda {
+
+/// Workspace of write_sparse: one flag per row.
+size_t sparse_writer_workspace(const twSpMatDescr &out);
+/// Writes `in` (op RELU keeps > 0 and NaN; PLAIN keeps every pattern but +0) into `out`,
+/// rounding to its value type when the types differ, with the overflow record / backup slots
+/// assigned in ascending row order (deterministic).
+void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
+                  void *workspace);
+/// Y = alpha * S * W + beta * Y (rows of S that are incomplete come out as NaN).
+void spmm(cudaStream_t stream, float alpha, const twSpMatDescr &s, const MatrixArg &w, float beta,
+          const MatrixArg &y);
+
+/// GemmToSparse: C = act(alpha A B^T) into a sparse container, through an fp32 GEMM output in
+/// the workspace and the writer.
+size_t gemm_to_sparse_workspace(const twDnMatDescr &a, const twDnMatDescr &b, const twSpMatDescr &c);
+void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, float alpha, const twDnMatDescr &a, const twDnMatDescr &b,
+                    const twSpMatDescr &c, twConvertOp_t act, void *workspace);
+
+}  // namespace twblas::cuda
