@@ -11,7 +11,8 @@ namespace {
 
 void lt_check(cublasStatus_t s, const char *what) {
     if (s != CUBLAS_STATUS_SUCCESS)
-        throw std::runtime_error(std::string("cuBLASLt ") + what + " failed (status " + std::to_string(static_cast<int>(s)) + ")");
+        throw std::runtime_error(std::string("cuBLASLt ") + what + " failed (status " +
+                                 std::to_string(static_cast<int>(s)) + ")");
 }
 
 size_t bf16_bytes(int64_t count) { return static_cast<size_t>(count) * sizeof(__nv_bfloat16); }
@@ -41,9 +42,18 @@ LtGemm::~LtGemm() {
     if (lt_) cublasLtDestroy(lt_);
 }
 
-LtGemm::Plan &LtGemm::plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z, size_t workspace_bytes) {
-    const Key key{a.rows, b.rows, a.cols, a.ld, b.ld, z.ld, static_cast<int>(a.order), static_cast<int>(b.order),
-                  static_cast<int>(z.type), workspace_bytes};
+LtGemm::Plan &LtGemm::plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z,
+                               size_t workspace_bytes) {
+    const Key key{a.rows,
+                  b.rows,
+                  a.cols,
+                  a.ld,
+                  b.ld,
+                  z.ld,
+                  static_cast<int>(a.order),
+                  static_cast<int>(b.order),
+                  static_cast<int>(z.type),
+                  workspace_bytes};
     auto it = plans_.find(key);
     if (it != plans_.end()) return *it->second;
 
@@ -75,8 +85,8 @@ LtGemm::Plan &LtGemm::plan_for(const GemmOperand &a, const GemmOperand &b, const
         cublasLtMatmulAlgoGetHeuristic(lt_, plan->op, plan->lb, plan->la, plan->lz, plan->lz, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || found == 0)
-        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(m) + " x " + std::to_string(n) + " x " +
-                                 std::to_string(k) + " GEMM with these layouts");
+        throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(m) + " x " + std::to_string(n) +
+                                 " x " + std::to_string(k) + " GEMM with these layouts");
     plan->algo = result.algo;
     return *plans_.emplace(key, std::move(plan)).first->second;
 }
@@ -86,7 +96,8 @@ void LtGemm::run(cudaStream_t stream, const GemmOperand &a, const GemmOperand &b
     if (a.rows == 0 || b.rows == 0) return;
     if (a.cols == 0) {  // an empty sum: Z = 0 (cuBLASLt wants K >= 1)
         const size_t elem = z.type == OutputType::Fp32 ? 4 : 2;
-        cuda_check(cudaMemsetAsync(z.ptr, 0, static_cast<size_t>(a.rows * z.ld) * elem, stream), "cudaMemsetAsync (K = 0)");
+        cuda_check(cudaMemsetAsync(z.ptr, 0, static_cast<size_t>(a.rows * z.ld) * elem, stream),
+                   "cudaMemsetAsync (K = 0)");
         return;
     }
     Plan &p = plan_for(a, b, z, workspace_bytes);
@@ -164,7 +175,8 @@ void relu_inplace(cudaStream_t stream, void *x, int64_t n) {
 // ---- DenseFfn
 
 DenseFfn::DenseFfn(const DenseFfnShape &shape)
-    : shape_(shape), workspace_(LtGemm::kWorkspaceBytes),
+    : shape_(shape),
+      workspace_(LtGemm::kWorkspaceBytes),
       gate_up_(shape.gated ? bf16_bytes(shape.max_tokens * 2 * shape.hidden_dim) : 0),
       hidden_(bf16_bytes(shape.max_tokens * shape.hidden_dim)) {
     if (shape.training) {
