@@ -44,16 +44,8 @@ LtGemm::~LtGemm() {
 
 LtGemm::Plan &LtGemm::plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z,
                                size_t workspace_bytes) {
-    const Key key{a.rows,
-                  b.rows,
-                  a.cols,
-                  a.ld,
-                  b.ld,
-                  z.ld,
-                  static_cast<int>(a.order),
-                  static_cast<int>(b.order),
-                  static_cast<int>(z.type),
-                  workspace_bytes};
+    const Key key = std::make_tuple(a.rows, b.rows, a.cols, a.ld, b.ld, z.ld, static_cast<int>(a.order),
+                                    static_cast<int>(b.order), static_cast<int>(z.type), workspace_bytes);
     auto it = plans_.find(key);
     if (it != plans_.end()) return *it->second;
 
