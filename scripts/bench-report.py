@@ -62,7 +62,10 @@ def table(context, rows):
         family, k = prof.rsplit("-", 1)
         return (d, prof != "uniform-29", family != "uniform", family, float(k), m)
 
+    graph_and_cpu = ("twblas", "dense", "gate", "cusparse", "cpu_twblas", "cpu_dense")
     for (d, h, prof, m), v in sorted(rows.items(), key=order):
+        if not any(k in v for k in graph_and_cpu):
+            continue  # points measured only eagerly (twblas_eager, dense_eager) or only in training
         tw, de, ga, cs = (v.get(k, {}).get("ms") for k in ("twblas", "dense", "gate", "cusparse"))
         cpu_tw, cpu_de = (v.get(k, {}).get("ms") for k in ("cpu_twblas", "cpu_dense"))
         t = v.get("twblas", {})

@@ -21,8 +21,10 @@
 #ifdef TWBLAS_DEMO_CUDA
 #include <cuda_runtime.h>
 
-#include "../bench/baselines.hpp"
-#include "device/lt_gemm.hpp"
+#include <exception>
+
+#include "testing/cuda/dense_ffn.hpp"
+#include "testing/cuda/device_memory.hpp"
 #endif
 
 namespace tt = twblas::testing;
@@ -147,20 +149,11 @@ template <class F> double median_gpu_ms(int reps, cudaStream_t stream, F &&f) {
     return t[t.size() / 2];
 }
 
-void *to_device(const void *host, size_t bytes) {
-    void *p = nullptr;
-    CUDA_DEMO_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
-    if (host && bytes) CUDA_DEMO_CHECK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
-    return p;
-}
-
 /// The GPU demo: twSpGEMMFused against the dense cuBLAS FFN a user has today (one GEMM over
-/// [Wg; Wu], ReLU * product, the down GEMM), both on the same device data, and the result
-/// checked against a dense fp32 FFN on the CPU over the first rows.
+/// [Wg; Wu], ReLU * product, the down GEMM; src/testing/cuda/dense_ffn), both on the same device
+/// data, and the result checked against a dense fp32 FFN on the CPU over the first rows.
 int gpu_demo(const Options &o, twHandle_t h, const tt::FfnProblem &p, const tt::ActivationStats &stats) {
-    using twblas::cuda::GemmOperand;
-    using twblas::cuda::GemmOutput;
-    using twblas::cuda::GemmRunner;
+    using tt::DeviceMemory;
     const int64_t m = o.tokens, d = o.d, hd = o.h;
     cudaStream_t stream;
     CUDA_DEMO_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -172,50 +165,40 @@ int gpu_demo(const Options &o, twHandle_t h, const tt::FfnProblem &p, const tt::
     std::vector<uint16_t> wd_lin(wd_rows.size());  // nn.Linear's down_proj.weight: D x H
     for (int64_t j = 0; j < hd; ++j)
         for (int64_t c = 0; c < d; ++c) wd_lin[c * hd + j] = wd_rows[j * d + c];
-    auto *dx = static_cast<uint16_t *>(to_device(x16.data(), x16.size() * 2));
-    auto *dgu = static_cast<uint16_t *>(to_device(gu16.data(), gu16.size() * 2));
-    auto *dwd = static_cast<uint16_t *>(to_device(wd_lin.data(), wd_lin.size() * 2));
-    auto *dy = static_cast<uint16_t *>(to_device(nullptr, static_cast<size_t>(m * d) * 2));
+    const DeviceMemory dx(x16), dgu(gu16), dwd(wd_lin), dy(static_cast<size_t>(m * d) * 2);
     twDnMatDescr_t X, Y, WG = nullptr, WU, WD;
-    DEMO_CHECK(h, twCreateDnMat(&X, m, d, d, dx, TW_R_16BF, TW_ORDER_ROW));
-    DEMO_CHECK(h, twCreateDnMat(&Y, m, d, d, dy, TW_R_16BF, TW_ORDER_ROW));
-    if (o.gated) DEMO_CHECK(h, twCreateDnMat(&WG, hd, d, d, dgu, TW_R_16BF, TW_ORDER_ROW));
-    DEMO_CHECK(h, twCreateDnMat(&WU, hd, d, d, dgu + (o.gated ? hd * d : 0), TW_R_16BF, TW_ORDER_ROW));
-    DEMO_CHECK(h, twCreateDnMat(&WD, hd, d, hd, dwd, TW_R_16BF, TW_ORDER_COL));
+    DEMO_CHECK(h, twCreateDnMat(&X, m, d, d, dx.get(), TW_R_16BF, TW_ORDER_ROW));
+    DEMO_CHECK(h, twCreateDnMat(&Y, m, d, d, dy.get(), TW_R_16BF, TW_ORDER_ROW));
+    if (o.gated) DEMO_CHECK(h, twCreateDnMat(&WG, hd, d, d, dgu.get(), TW_R_16BF, TW_ORDER_ROW));
+    DEMO_CHECK(h, twCreateDnMat(&WU, hd, d, d, dgu.get<uint16_t>() + (o.gated ? hd * d : 0), TW_R_16BF, TW_ORDER_ROW));
+    DEMO_CHECK(h, twCreateDnMat(&WD, hd, d, hd, dwd.get(), TW_R_16BF, TW_ORDER_COL));
     twFfnDescr_t ffn = nullptr;
     DEMO_CHECK(h, twCreateFfn(h, &ffn, o.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD));
     size_t bytes = 0;
     DEMO_CHECK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y, &bytes));
-    void *ws = to_device(nullptr, bytes);
+    const DeviceMemory ws(bytes);
     twFfnStats_t st;
     // the first forward's statistics steer the path of the next ones (sparse or dense mode)
-    DEMO_CHECK(h, twSpGEMMFused(h, ffn, X, Y, nullptr, ws));
+    DEMO_CHECK(h, twSpGEMMFused(h, ffn, X, Y, nullptr, ws.get()));
     DEMO_CHECK(h, twFfnGetStats(h, ffn, &st));
-    const double t_sparse = median_gpu_ms(o.reps, stream, [&] { DEMO_CHECK(h, twSpGEMMFused(h, ffn, X, Y, nullptr, ws)); });
+    const double t_sparse = median_gpu_ms(o.reps, stream, [&] { DEMO_CHECK(h, twSpGEMMFused(h, ffn, X, Y, nullptr, ws.get())); });
     DEMO_CHECK(h, twFfnGetStats(h, ffn, &st));
     std::vector<uint16_t> y16(static_cast<size_t>(m * d));
-    CUDA_DEMO_CHECK(cudaMemcpy(y16.data(), dy, y16.size() * 2, cudaMemcpyDeviceToHost));
+    CUDA_DEMO_CHECK(cudaMemcpyAsync(y16.data(), dy.get(), y16.size() * 2, cudaMemcpyDeviceToHost, stream));
+    CUDA_DEMO_CHECK(cudaStreamSynchronize(stream));
 
     // dense cuBLAS FFN on the same device data
-    GemmRunner gemm;
-    void *lt = to_device(nullptr, GemmRunner::kWorkspaceBytes);
-    const int64_t n1 = o.gated ? 2 * hd : hd;
-    void *gu_out = to_device(nullptr, static_cast<size_t>(m * n1) * 2);
-    void *hbuf = to_device(nullptr, static_cast<size_t>(m * hd) * 2);
-    void *yd = to_device(nullptr, static_cast<size_t>(m * d) * 2);
-    const double t_dense = median_gpu_ms(o.reps, stream, [&] {
-        gemm.run(stream, 1.0f, GemmOperand{dx, m, d, d, TW_ORDER_ROW, TW_R_16BF}, GemmOperand{dgu, n1, d, d, TW_ORDER_ROW, TW_R_16BF},
-                 GemmOutput{gu_out, n1, TW_R_16BF}, lt, GemmRunner::kWorkspaceBytes);
-        if (o.gated) {
-            twbench::relu_mul(stream, gu_out, m, hd, hbuf);
-        } else {
-            CUDA_DEMO_CHECK(cudaMemcpyAsync(hbuf, gu_out, static_cast<size_t>(m * hd) * 2, cudaMemcpyDeviceToDevice, stream));
-            twbench::relu_inplace(stream, hbuf, m * hd);
-        }
-        gemm.run(stream, 1.0f, GemmOperand{hbuf, m, hd, hd, TW_ORDER_ROW, TW_R_16BF},
-                 GemmOperand{dwd, d, hd, hd, TW_ORDER_ROW, TW_R_16BF}, GemmOutput{yd, d, TW_R_16BF}, lt,
-                 GemmRunner::kWorkspaceBytes);
-    });
+    tt::DenseFfnShape shape;
+    shape.model_dim = d;
+    shape.hidden_dim = hd;
+    shape.max_tokens = m;
+    shape.gated = o.gated;
+    tt::DenseFfn dense(shape);
+    tt::DenseFfnWeights weights;
+    weights.gate_up = dgu.get();
+    weights.down = dwd.get();
+    const DeviceMemory y_dense(static_cast<size_t>(m * d) * 2);
+    const double t_dense = median_gpu_ms(o.reps, stream, [&] { dense.forward(stream, dx.get(), weights, m, y_dense.get()); });
 
     // accuracy: the first rows against a dense fp32 FFN on the CPU
     const int64_t rows = std::min<int64_t>(m, 512);
@@ -273,9 +256,6 @@ int gpu_demo(const Options &o, twHandle_t h, const tt::FfnProblem &p, const tt::
     }
     twDestroyFfn(ffn);
     for (twDnMatDescr_t dd : {X, Y, WG, WU, WD}) twDestroyDnMat(dd);
-    for (void *q : {static_cast<void *>(dx), static_cast<void *>(dgu), static_cast<void *>(dwd), static_cast<void *>(dy), ws, lt,
-                    gu_out, hbuf, yd})
-        cudaFree(q);
     DEMO_CHECK(h, twSetStream(h, nullptr));
     cudaStreamDestroy(stream);
     twDestroy(h);
@@ -311,7 +291,14 @@ int main(int argc, char **argv) {
                 tt::profile_name(o.profile), o.k, (unsigned long long)o.seed);
     std::printf("  problem generated in %.2f s\n", seconds_since(t0));
 #ifdef TWBLAS_DEMO_CUDA
-    if (backend == TW_BACKEND_CUDA) return gpu_demo(o, h, p, stats);
+    if (backend == TW_BACKEND_CUDA) {
+        try {
+            return gpu_demo(o, h, p, stats);
+        } catch (const std::exception &e) {  // from the device memory and the dense baseline
+            std::fprintf(stderr, "twblas-demo: %s\n", e.what());
+            return 1;
+        }
+    }
 #endif
 
     // bf16 operands; Wd as nn.Linear's down_proj.weight (TW_ORDER_COL of the logical H x D)

@@ -26,11 +26,10 @@ class DeviceMemory {
     explicit DeviceMemory(size_t bytes) : bytes_(std::max<size_t>(bytes, 256)) {
         cuda_check(cudaMalloc(&ptr_, bytes_), "cudaMalloc");
         cuda_check(cudaMemset(ptr_, 0xA5, bytes_), "cudaMemset");
+        settle();
     }
     /// A device copy of `bytes` host bytes.
-    DeviceMemory(const void *host, size_t bytes) : DeviceMemory(bytes) {
-        if (bytes) cuda_check(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
-    }
+    DeviceMemory(const void *host, size_t bytes) : DeviceMemory(bytes) { upload(host, bytes); }
     template <class T> explicit DeviceMemory(const std::vector<T> &host) : DeviceMemory(host.data(), host.size() * sizeof(T)) {}
     ~DeviceMemory() { cudaFree(ptr_); }
     DeviceMemory(const DeviceMemory &) = delete;
@@ -48,9 +47,15 @@ class DeviceMemory {
     /// Copies `bytes` host bytes in (synchronous).
     void upload(const void *host, size_t bytes) {
         if (bytes) cuda_check(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
+        settle();
     }
 
   private:
+    // cudaMemset and a pageable cudaMemcpy may still be running on the legacy default stream
+    // when they return, and a non-blocking stream does not wait for that stream: wait here, so
+    // that the fill or the upload cannot land after a kernel on any stream has used the memory.
+    static void settle() { cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (DeviceMemory)"); }
+
     void *ptr_ = nullptr;
     size_t bytes_ = 0;
 };

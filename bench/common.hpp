@@ -1,0 +1,161 @@
+// What the benchmark's files share: the cache of generated problems on the GPU, timing (graph
+// replay and eager), verification helpers and registration. Only public twblas headers and
+// src/testing: the benchmark runs against any build of libtwblas.so.
+#pragma once
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+#include <twblas/twblas.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "testing/cuda/dense_ffn.hpp"
+#include "testing/cuda/device_memory.hpp"
+#include "testing/problem.hpp"
+
+namespace twbench {
+
+namespace tt = twblas::testing;
+using tt::DeviceMemory;
+
+void ck(cudaError_t e, const char *what);
+inline void ck(twStatus_t s, twHandle_t h, const char *what) {
+    if (s != TW_STATUS_SUCCESS)
+        throw std::runtime_error(std::string(what) + ": " + twGetStatusName(s) + ": " + twGetErrorMessage(h));
+}
+
+constexpr int kInstances = 3;  // copies of X and of the weights, rotated between runs
+
+struct Shape {
+    int64_t d, h;
+};
+
+/// One generated problem on the GPU (the largest M it is used at), three copies.
+struct Problem {
+    Shape shape{};
+    std::string profile;
+    int64_t max_m = 0;
+    tt::FfnProblem host;
+    std::vector<std::unique_ptr<DeviceMemory>> x, wgu, wd_lin;  // X; [Wg; Wu] (2H x D); Wd as nn.Linear (D x H)
+    std::unique_ptr<DeviceMemory> wd_rows;                      // Wd as H x D rows (cuSPARSE's B, dH = dY Wd^T)
+    std::unique_ptr<DeviceMemory> train_dy;                     // dL/dY (max_m x D) of the training benchmarks
+    twHandle_t handle = nullptr;                                // CUDA backend, on env.stream
+    std::vector<twFfnDescr_t> ffn;
+    std::map<int64_t, std::vector<uint16_t>> dense_y;  // dense cuBLAS output per M (verification)
+
+    /// Instance `inst`'s weights as the dense baseline takes them.
+    tt::DenseFfnWeights weights(int inst) const { return {wgu[inst]->get(), wd_lin[inst]->get(), wd_rows->get()}; }
+    ~Problem();
+};
+
+/// The benchmark's stream (non-blocking) and timing events, made in main.
+struct Env {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+};
+extern Env env;
+
+/// The problem of (shape, profile, max_m), generated on first use; one is kept at a time.
+std::shared_ptr<Problem> problem(Shape s, const std::string &profile, int64_t max_m);
+/// Frees the kept problem (before the CUDA context goes).
+void release_problems();
+
+/// Copies `count` bf16 values back after the work queued on env.stream.
+std::vector<uint16_t> download(const void *device, size_t count);
+/// The dense cuBLAS FFN's output on instance 0 (M x D), computed once per problem and M.
+const std::vector<uint16_t> &dense_reference(Problem &p, int64_t m);
+/// Normwise relative error of bf16 `got` against `want`.
+double rel_error(const std::vector<uint16_t> &got, const std::vector<uint16_t> &want);
+void add_problem_counters(benchmark::State &state, const Problem &p, int64_t m);
+
+/// Calls per timed interval: enough back-to-back work to hide the events' own resolution.
+inline int batch_for(int64_t m) { return m <= 512 ? 20 : m <= 4096 ? 4 : 1; }
+
+/// Times `launch(i)` (i = run number) with CUDA events; `batch` launches per timed interval.
+template <class F>
+void time_loop(benchmark::State &state, int batch, F &&launch) {
+    int run = 0;
+    for (int i = 0; i < 3 * kInstances; ++i) launch(run++);  // warm-up
+    ck(cudaStreamSynchronize(env.stream), "warm-up");
+    for (auto _ : state) {
+        ck(cudaEventRecord(env.e0, env.stream), "cudaEventRecord");
+        for (int b = 0; b < batch; ++b) launch(run++);
+        ck(cudaEventRecord(env.e1, env.stream), "cudaEventRecord");
+        ck(cudaEventSynchronize(env.e1), "cudaEventSynchronize");
+        float ms = 0;
+        ck(cudaEventElapsedTime(&ms, env.e0, env.e1), "cudaEventElapsedTime");
+        state.SetIterationTime(ms * 1e-3 / batch);
+    }
+}
+
+/// Eager timing, the call as a C program makes it (no graph): after warm-up calls, each
+/// iteration enqueues `batch` calls back to back. The host time of the enqueues alone (before
+/// any synchronisation) per call is the counter host_us; the iteration's time is the stream's
+/// time per call (CUDA events around the batch), launch gaps included.
+template <class F>
+void time_eager(benchmark::State &state, int batch, F &&call) {
+    int run = 0;
+    for (int i = 0; i < 3 * kInstances; ++i) call(run++);  // warm-up
+    ck(cudaStreamSynchronize(env.stream), "warm-up");
+    double host_seconds = 0;
+    int64_t calls = 0;
+    for (auto _ : state) {
+        ck(cudaEventRecord(env.e0, env.stream), "cudaEventRecord");
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int b = 0; b < batch; ++b) call(run++);
+        const auto t1 = std::chrono::steady_clock::now();
+        ck(cudaEventRecord(env.e1, env.stream), "cudaEventRecord");
+        ck(cudaEventSynchronize(env.e1), "cudaEventSynchronize");
+        float ms = 0;
+        ck(cudaEventElapsedTime(&ms, env.e0, env.e1), "cudaEventElapsedTime");
+        state.SetIterationTime(ms * 1e-3 / batch);
+        host_seconds += std::chrono::duration<double>(t1 - t0).count();
+        calls += batch;
+    }
+    state.counters["host_us"] = calls ? host_seconds * 1e6 / static_cast<double>(calls) : 0.0;
+}
+
+/// One captured graph per instance; replaying graphs keeps launch gaps out (as for decode in
+/// performance.md) and shows that the call works under capture.
+template <class F>
+std::vector<cudaGraphExec_t> capture(F &&body) {
+    std::vector<cudaGraphExec_t> execs;
+    for (int i = 0; i < kInstances; ++i) {
+        cudaGraph_t g;
+        ck(cudaStreamBeginCapture(env.stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+        body(i);
+        ck(cudaStreamEndCapture(env.stream, &g), "end capture");
+        cudaGraphExec_t e;
+        ck(cudaGraphInstantiate(&e, g, 0), "instantiate");
+        cudaGraphDestroy(g);
+        execs.push_back(e);
+    }
+    return execs;
+}
+/// Times the replay of captured graphs (time_loop, rotating over the instances), then destroys them.
+void time_graphs(benchmark::State &state, int batch, std::vector<cudaGraphExec_t> &execs);
+
+// ---- registration: ffn/<variant>/d<D>_h<H>/<profile>/m<M> (design/performance.md)
+
+using BenchFn = void (*)(benchmark::State &, Shape, std::string, int64_t, int64_t);
+std::string bench_name(const char *variant, Shape s, const std::string &profile, int64_t m);
+/// A GPU benchmark: manual time in microseconds, median of 5 repetitions.
+void add(const std::string &name, BenchFn fn, Shape s, const std::string &profile, int64_t max_m, int64_t m);
+
+// bench_inference.cpp
+/// Every inference variant of one (shape, profile) over a list of M, all from one generated problem.
+void register_group(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool cusparse, bool cpu);
+/// twblas_eager and dense_eager at each M (after the graph-replayed twblas and dense when
+/// `with_graph_replay`), from the problem of (s, profile, max_m).
+void register_eager(Shape s, const std::string &profile, const std::vector<int64_t> &ms, int64_t max_m,
+                    bool with_graph_replay);
+// bench_training.cpp
+void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms);
+
+}  // namespace twbench
