@@ -247,8 +247,7 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
     const unsigned blocks = static_cast<unsigned>(std::max(1, std::min(264, ceil_div(p.m, kFinalThreads / 32))));
     finalize<T><<<blocks, kFinalThreads, 0, stream>>>(s.gate, s.ldg, p.h, p.gate_f32(), !p.gated, s.dense_rows,
                                                       s.dense_count, dense_l1, first, p.m, s.row_nnz, s.count, s.row_l1,
-                                                      s.header + 1, st.device_stats(), st.feedback_sequence(),
-                                                      st.feedback.device());
+                                                      s.header + 1, st.device_stats(), st.feedback.device());
     check_launch("finalize");
     if (hidden) {
         // the gate buffer now holds h (inactive units zeroed); PLAIN keeps every stored pattern

@@ -1,6 +1,6 @@
 #include "ffn_state.hpp"
 
-#include <atomic>
+#include <cstring>
 
 #include "heuristics.hpp"
 
@@ -36,7 +36,7 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, int sm_count
     st->gate.reset(static_cast<size_t>(p.h * p.dp) * eb);
     st->pair.reset(static_cast<size_t>(p.h * p.dp * (p.gated ? 2 : 1)) * eb);
     st->down_t.reset(static_cast<size_t>(p.d * p.hp) * eb);
-    st->stats.reset(sizeof(FfnDeviceStats) + sizeof(unsigned long long));
+    st->stats.reset(sizeof(FfnDeviceStats));
     st->counts.reset(static_cast<size_t>(p.h) * 8);
     check(cudaMemsetAsync(st->stats.get(), 0, st->stats.bytes(), stream), "cudaMemsetAsync");
     check(cudaMemsetAsync(st->counts.get(), 0, st->counts.bytes(), stream), "cudaMemsetAsync");
@@ -44,21 +44,17 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, int sm_count
 }
 
 void absorb_feedback(CudaFfnState &st, int64_t hidden_dim) {
-    // a seqlock read: the sequence is odd while a kernel writes; equal before and after the copy,
-    // the copy is whole
-    volatile FfnFeedback *f = st.feedback.host();
-    const unsigned long long before = f->sequence;
-    if (before == st.feedback_seen || (before & 1ull)) return;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    FfnDeviceStats s;
-    s.tokens = f->stats.tokens;
-    s.total_nnz = f->stats.total_nnz;
-    s.dense_rows = f->stats.dense_rows;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (f->sequence != before) return;  // overwritten meanwhile: look again next call
-    st.feedback_seen = before;
-    st.dense_mode = heuristics::dense_mode_after(s.tokens, s.total_nnz, s.dense_rows, hidden_dim);
-    st.dense_row_fraction = s.tokens ? static_cast<double>(s.dense_rows) / static_cast<double>(s.tokens) : 0.0;
+    // two 8-byte loads of memory the GPU writes (a torn pair fails the check)
+    const volatile uint64_t *src = reinterpret_cast<const volatile uint64_t *>(st.feedback.host());
+    const uint64_t words[2] = {src[0], src[1]};
+    FfnFeedback f;
+    std::memcpy(&f, words, sizeof f);
+    uint32_t mean_bits, share_bits;
+    std::memcpy(&mean_bits, &f.mean_active, 4);
+    std::memcpy(&share_bits, &f.dense_share, 4);
+    if (f.published != 1u || f.check != feedback_check(mean_bits, share_bits)) return;  // none yet, or torn
+    st.dense_mode = heuristics::dense_mode_after(f.mean_active, f.dense_share, hidden_dim);
+    st.dense_row_fraction = f.dense_share;
 }
 
 }  // namespace twblas::cuda

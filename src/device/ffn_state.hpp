@@ -17,7 +17,7 @@ namespace twblas::cuda {
 
 struct CudaFfnState final : FfnState {
     DeviceBuffer gate, pair, down_t;  // FfnWeights
-    DeviceBuffer stats;               // FfnDeviceStats of the last forward, then its sequence counter
+    DeviceBuffer stats;               // FfnDeviceStats of the last forward
     DeviceBuffer counts;              // per-unit activation counts (H x int64)
     MappedHost<FfnFeedback> feedback;  // the finishing kernel publishes the statistics here
     int sm_count = 132;
@@ -28,7 +28,6 @@ struct CudaFfnState final : FfnState {
     // (read without a wait; see absorb_feedback). Guarded by `mutex`, as is everything above that
     // a compute call changes (plans, captured calls).
     std::mutex mutex;
-    unsigned long long feedback_seen = 0;
     bool dense_mode = false;
     double dense_row_fraction = 0.0;
 
@@ -36,10 +35,6 @@ struct CudaFfnState final : FfnState {
         return {gate.get(), pair.get(), p.gated ? 2 * p.dp : p.dp, down_t.get()};
     }
     FfnDeviceStats *device_stats() const { return stats.get<FfnDeviceStats>(); }
-    /// The device counter of published statistics (after the FfnDeviceStats).
-    unsigned long long *feedback_sequence() const {
-        return reinterpret_cast<unsigned long long *>(stats.get<char>() + sizeof(FfnDeviceStats));
-    }
     unsigned long long *neuron_counts() const { return counts.get<unsigned long long>(); }
 };
 
@@ -51,8 +46,8 @@ FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens);
 /// Allocates the state (weights not yet copied) and checks the limits of the CUDA FFN.
 std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, int sm_count, cudaStream_t stream);
 
-/// Takes the statistics of the newest published forward, if a newer one has arrived since the
-/// last look, into the path choice. Never waits; call with the state's mutex held.
+/// Takes the statistics the newest finished forward published into the path choice. Never waits;
+/// call with the state's mutex held.
 void absorb_feedback(CudaFfnState &st, int64_t hidden_dim);
 
 }  // namespace twblas::cuda

@@ -26,10 +26,8 @@ int32_t dense_path_row_limit(int64_t hidden_dim) {
     return static_cast<int32_t>(std::max<int64_t>(hidden_dim / 32, 64));
 }
 
-bool dense_mode_after(int64_t tokens, int64_t total_active, int64_t dense_rows, int64_t hidden_dim) {
-    if (tokens <= 0) return false;
-    const double mean = static_cast<double>(total_active) / static_cast<double>(tokens);
-    return mean > static_cast<double>(hidden_dim) / 128.0 || 4 * dense_rows > tokens;
+bool dense_mode_after(double mean_active, double dense_share, int64_t hidden_dim) {
+    return mean_active > static_cast<double>(hidden_dim) / 128.0 || dense_share > 0.25;
 }
 
 int64_t dense_path_cublas_rows(double dense_row_fraction, int64_t tokens) {

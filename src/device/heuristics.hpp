@@ -54,7 +54,7 @@ int32_t dense_path_row_limit(int64_t hidden_dim);
 /// more active units per token than gathers beat tensor-core GEMMs at (about H / 128: 8 KB of
 /// gathered weights per unit at ~5 TB/s against 4 D H flops per token at ~700 TFLOP/s), or with
 /// a quarter of its rows on the dense path.
-bool dense_mode_after(int64_t tokens, int64_t total_active, int64_t dense_rows, int64_t hidden_dim);
+bool dense_mode_after(double mean_active, double dense_share, int64_t hidden_dim);
 
 /// Rows of the dense path that go through cuBLAS GEMMs: 1.25x the last measured share plus 64,
 /// rounded to 64 (0 when none was seen). Rows past it go through the gathered GEMM, so nothing
