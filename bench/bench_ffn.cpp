@@ -27,9 +27,10 @@
 // Files: common.{hpp,cpp} (problem cache, timing, verification, registration helpers),
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
-//   twblas-bench [--suite=full|profiles|decode|train|eager|smoke] [Google Benchmark flags]
+//   twblas-bench [--suite=full|profiles|decode|train|eager|crossover|smoke] [Google Benchmark flags]
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
-// dense at the same M, for quick runs; full and decode include the eager points too.
+// dense at the same M, for quick runs; full and decode include the eager points too. Suite
+// crossover: M = 128 to 1024 at the paper's shape, to place the two-pass crossover.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -54,6 +55,10 @@ void register_suite(const std::string &suite) {
     }
     if (suite == "eager") {  // the eager points next to their graph-replayed twins, for quick runs
         for (const Shape s : {paper, llama}) register_eager(s, "uniform-29", eager_ms, 512, true);
+        return;
+    }
+    if (suite == "crossover") {  // the two-pass crossover (heuristics::kTwoPassMinTokens), M = 128 to 1024
+        register_eager(paper, "uniform-29", {128, 192, 256, 384, 512, 768, 1024}, 1024, true);
         return;
     }
     if (suite == "full" || suite == "train") {

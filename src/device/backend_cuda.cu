@@ -105,7 +105,7 @@ class CudaBackend final : public Backend {
         cuda::ffn_forward(stream(), ffn, x, y, hidden, workspace);
     }
     twFfnStats_t ffn_stats(const twFfnDescr &ffn) override {
-        return cuda::read_ffn_stats(stream(), cuda::state_of(ffn), ffn.hidden_dim);
+        return cuda::read_ffn_stats(stream(), cuda::state_of(ffn));
     }
     void ffn_neuron_counts(const twFfnDescr &ffn, int64_t *counts) override {
         const cuda::CudaFfnState &st = cuda::state_of(ffn);

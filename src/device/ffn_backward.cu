@@ -268,7 +268,7 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
     // the forward's dense-path rows are recomputed: the first `cap` of them through cuBLAS (cap
     // from the measured share, as in the forward; in dense mode all of them), any beyond through
     // the gathered GEMM
-    absorb_feedback(st, p.h);
+    absorb_feedback(st);
     const bool cublas = !p.deterministic && p.cublas_ok();
     const int64_t cap = !cublas ? 0 : st.dense_mode ? p.m : heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m);
     if (cap > 0) recompute_with_cublas(stream, st, p, saved, b, s, cap);

@@ -247,7 +247,7 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
     const unsigned blocks = static_cast<unsigned>(std::max(1, std::min(264, ceil_div(p.m, kFinalThreads / 32))));
     finalize<T><<<blocks, kFinalThreads, 0, stream>>>(s.gate, s.ldg, p.h, p.gate_f32(), !p.gated, s.dense_rows,
                                                       s.dense_count, dense_l1, first, p.m, s.row_nnz, s.count, s.row_l1,
-                                                      s.header + 1, st.device_stats(), st.feedback.device());
+                                                      s.header + 1, st.stats_block(), st.feedback.device());
     check_launch("finalize");
     if (hidden) {
         // the gate buffer now holds h (inactive units zeroed); PLAIN keeps every stored pattern
@@ -350,7 +350,7 @@ void ffn_forward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr 
     CudaFfnState &st = state_of(ffn);
     const FfnProblem p = problem_of(ffn, x.rows);
     std::lock_guard<std::mutex> lock(st.mutex);
-    absorb_feedback(st, p.h);
+    absorb_feedback(st);
     const ForwardPath path = choose_path(st, p, y, false);
     st.calls.run(stream, inference_key(p, path, x, y, hidden, workspace), [&](cudaStream_t s) {
         by_type(p.type, [&](auto tag) { enqueue_inference<decltype(tag)>(s, st, p, path, x, y, hidden, workspace); });
@@ -362,7 +362,7 @@ void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMat
     CudaFfnState &st = state_of(ffn);
     const FfnProblem p = problem_of(ffn, x.rows);
     std::lock_guard<std::mutex> lock(st.mutex);
-    absorb_feedback(st, p.h);
+    absorb_feedback(st);
     const ForwardPath path = choose_path(st, p, y, true);
     by_type(p.type, [&](auto tag) { enqueue_training<decltype(tag)>(stream, st, p, path, x, y, saved, workspace); });
 }

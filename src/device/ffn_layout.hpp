@@ -40,12 +40,14 @@ struct FfnDeviceStats {
 };
 
 /// What steers the path choice, as the finishing kernel publishes it into mapped host memory for
-/// the host to read without a copy or a wait: one 16-byte record written by one store. `check`
-/// (see feedback_check) tells a whole record from a torn read; `published` is 0 until a first one.
+/// the host to read without a copy or a wait: one 16-byte record written by one store, and only
+/// when it differs from the last one published (a write to host memory delays the end of the
+/// kernel by about a microsecond). `check` (feedback_check) tells a whole record from a torn
+/// read; `published` is 0 until a first record.
 struct alignas(16) FfnFeedback {
-    float mean_active;   // active units per token
-    float dense_share;   // share of the rows on the dense path
-    uint32_t published;  // 1
+    uint32_t dense_mode;  // heuristics::dense_mode_after of the forward
+    float dense_share;    // share of its rows on the dense path
+    uint32_t published;   // 1
     uint32_t check;
 };
 #if defined(__CUDACC__)
@@ -53,15 +55,16 @@ struct alignas(16) FfnFeedback {
 #else
 #define TWBLAS_HOST_DEVICE
 #endif
-TWBLAS_HOST_DEVICE inline uint32_t feedback_check(uint32_t mean_bits, uint32_t share_bits) {
-    return (mean_bits ^ ((share_bits << 13) | (share_bits >> 19))) + 0x9e3779b9u;
+TWBLAS_HOST_DEVICE inline uint32_t feedback_check(uint32_t mode, uint32_t share_bits) {
+    return (mode * 0x85ebca6bu ^ ((share_bits << 13) | (share_bits >> 19))) + 0x9e3779b9u;
 }
-#if defined(__CUDACC__)
-__device__ inline uint4 feedback_record(float mean, float dense_share) {
-    const uint32_t a = __float_as_uint(mean), b = __float_as_uint(dense_share);
-    return make_uint4(a, b, 1u, feedback_check(a, b));
-}
-#endif
+
+/// The device memory of an FFN's statistics: those of the last forward, and a copy of the last
+/// record published to the host.
+struct FfnStatsBlock {
+    FfnDeviceStats last;
+    FfnFeedback published;
+};
 
 /// Width of the per-token active-unit lists: the most units a row without tile overflow has.
 int32_t ffn_list_width(const FfnProblem &p);

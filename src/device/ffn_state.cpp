@@ -36,24 +36,23 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, int sm_count
     st->gate.reset(static_cast<size_t>(p.h * p.dp) * eb);
     st->pair.reset(static_cast<size_t>(p.h * p.dp * (p.gated ? 2 : 1)) * eb);
     st->down_t.reset(static_cast<size_t>(p.d * p.hp) * eb);
-    st->stats.reset(sizeof(FfnDeviceStats));
+    st->stats.reset(sizeof(FfnStatsBlock));
     st->counts.reset(static_cast<size_t>(p.h) * 8);
     check(cudaMemsetAsync(st->stats.get(), 0, st->stats.bytes(), stream), "cudaMemsetAsync");
     check(cudaMemsetAsync(st->counts.get(), 0, st->counts.bytes(), stream), "cudaMemsetAsync");
     return st;
 }
 
-void absorb_feedback(CudaFfnState &st, int64_t hidden_dim) {
+void absorb_feedback(CudaFfnState &st) {
     // two 8-byte loads of memory the GPU writes (a torn pair fails the check)
     const volatile uint64_t *src = reinterpret_cast<const volatile uint64_t *>(st.feedback.host());
     const uint64_t words[2] = {src[0], src[1]};
     FfnFeedback f;
     std::memcpy(&f, words, sizeof f);
-    uint32_t mean_bits, share_bits;
-    std::memcpy(&mean_bits, &f.mean_active, 4);
+    uint32_t share_bits;
     std::memcpy(&share_bits, &f.dense_share, 4);
-    if (f.published != 1u || f.check != feedback_check(mean_bits, share_bits)) return;  // none yet, or torn
-    st.dense_mode = heuristics::dense_mode_after(f.mean_active, f.dense_share, hidden_dim);
+    if (f.published != 1u || f.check != feedback_check(f.dense_mode, share_bits)) return;  // none yet, or torn
+    st.dense_mode = f.dense_mode != 0;
     st.dense_row_fraction = f.dense_share;
 }
 
@@ -69,13 +68,13 @@ FfnProblem training_problem_of(const twFfnDescr &ffn, int64_t tokens) {
     return p;
 }
 
-twFfnStats_t read_ffn_stats(cudaStream_t stream, CudaFfnState &st, int64_t hidden_dim) {
+twFfnStats_t read_ffn_stats(cudaStream_t stream, CudaFfnState &st) {
     FfnDeviceStats d{};
-    check(cudaMemcpyAsync(&d, st.device_stats(), sizeof d, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(&d, &st.stats_block()->last, sizeof d, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     {
         std::lock_guard<std::mutex> lock(st.mutex);
-        absorb_feedback(st, hidden_dim);  // complete now: steer the next forward
+        absorb_feedback(st);  // complete now: steer the next forward
     }
     twFfnStats_t out{};
     out.tokens = d.tokens;

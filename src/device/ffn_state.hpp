@@ -17,7 +17,7 @@ namespace twblas::cuda {
 
 struct CudaFfnState final : FfnState {
     DeviceBuffer gate, pair, down_t;  // FfnWeights
-    DeviceBuffer stats;               // FfnDeviceStats of the last forward
+    DeviceBuffer stats;               // FfnStatsBlock
     DeviceBuffer counts;              // per-unit activation counts (H x int64)
     MappedHost<FfnFeedback> feedback;  // the finishing kernel publishes the statistics here
     int sm_count = 132;
@@ -34,7 +34,7 @@ struct CudaFfnState final : FfnState {
     FfnWeights weights(const FfnProblem &p) const {
         return {gate.get(), pair.get(), p.gated ? 2 * p.dp : p.dp, down_t.get()};
     }
-    FfnDeviceStats *device_stats() const { return stats.get<FfnDeviceStats>(); }
+    FfnStatsBlock *stats_block() const { return stats.get<FfnStatsBlock>(); }
     unsigned long long *neuron_counts() const { return counts.get<unsigned long long>(); }
 };
 
@@ -46,9 +46,9 @@ FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens);
 /// Allocates the state (weights not yet copied) and checks the limits of the CUDA FFN.
 std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, int sm_count, cudaStream_t stream);
 
-/// Takes the statistics the newest finished forward published into the path choice. Never waits;
-/// call with the state's mutex held.
-void absorb_feedback(CudaFfnState &st, int64_t hidden_dim);
+/// Takes the record the finished forwards last published into the path choice. Never waits; call
+/// with the state's mutex held.
+void absorb_feedback(CudaFfnState &st);
 
 }  // namespace twblas::cuda
 
@@ -60,6 +60,6 @@ FfnProblem training_problem_of(const twFfnDescr &ffn, int64_t tokens);
 
 /// twFfnGetStats: the statistics of the last forward (blocking by contract); also steers the next
 /// forward's path at once.
-twFfnStats_t read_ffn_stats(cudaStream_t stream, CudaFfnState &st, int64_t hidden_dim);
+twFfnStats_t read_ffn_stats(cudaStream_t stream, CudaFfnState &st);
 
 }  // namespace twblas::cuda

@@ -26,10 +26,6 @@ int32_t dense_path_row_limit(int64_t hidden_dim) {
     return static_cast<int32_t>(std::max<int64_t>(hidden_dim / 32, 64));
 }
 
-bool dense_mode_after(double mean_active, double dense_share, int64_t hidden_dim) {
-    return mean_active > static_cast<double>(hidden_dim) / 128.0 || dense_share > 0.25;
-}
-
 int64_t dense_path_cublas_rows(double dense_row_fraction, int64_t tokens) {
     if (dense_row_fraction <= 0.0) return 0;
     const double want = 1.25 * dense_row_fraction * static_cast<double>(tokens) + 64.0;

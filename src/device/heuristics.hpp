@@ -26,8 +26,15 @@ bool decode_applies(const FfnProblem &p);
 /// From this many tokens the sparse rows go through the two-pass kernels (a warp per active
 /// unit for u and h, then y by 512-column slices); below it through the fused kernel, whose
 /// units of a token are dealt to several teams (see fused_splits). Measured on an H100 at the
-/// paper's shape: bench/NOTES.md, "two-pass crossover".
-constexpr int64_t kTwoPassMinTokens = 257;
+/// paper's shape, uniform-29, graph replay (bench suite crossover; builds with
+/// -DTWBLAS_TWO_PASS_MIN_TOKENS=N time both paths at the same M): at M = 128 the two tie (61.2 us
+/// fused, 61.7 two-pass), at 192 / 256 / 384 / 512 two-pass takes 68.0 / 69.2 / 72.2 / 77.6 us
+/// against 74.0 / 76.5 / 93.2 / 100 fused. bench/NOTES.md, "two-pass crossover".
+#ifdef TWBLAS_TWO_PASS_MIN_TOKENS
+constexpr int64_t kTwoPassMinTokens = TWBLAS_TWO_PASS_MIN_TOKENS;
+#else
+constexpr int64_t kTwoPassMinTokens = 129;
+#endif
 bool two_pass_applies(const FfnProblem &p);
 
 /// Teams of warps per token in the fused kernel at small M: enough loads in flight for the GPU.
@@ -54,7 +61,13 @@ int32_t dense_path_row_limit(int64_t hidden_dim);
 /// more active units per token than gathers beat tensor-core GEMMs at (about H / 128: 8 KB of
 /// gathered weights per unit at ~5 TB/s against 4 D H flops per token at ~700 TFLOP/s), or with
 /// a quarter of its rows on the dense path.
-bool dense_mode_after(double mean_active, double dense_share, int64_t hidden_dim);
+/// (The finishing kernel evaluates it, so it is defined here for host and device.)
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline bool dense_mode_after(double mean_active, double dense_share, int64_t hidden_dim) {
+    return mean_active > static_cast<double>(hidden_dim) / 128.0 || dense_share > 0.25;
+}
 
 /// Rows of the dense path that go through cuBLAS GEMMs: 1.25x the last measured share plus 64,
 /// rounded to 64 (0 when none was seen). Rows past it go through the gathered GEMM, so nothing

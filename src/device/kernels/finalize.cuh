@@ -6,6 +6,7 @@
 #include "common/values.cuh"
 #include "common/warp.cuh"
 #include "ffn_layout.hpp"
+#include "heuristics.hpp"
 
 namespace twblas::cuda {
 
@@ -22,7 +23,7 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
                                                           bool relu, const int32_t *rows, const uint32_t *count_dense,
                                                           bool dense_l1, int64_t first, int64_t m, const int32_t *row_nnz,
                                                           const int32_t *count, float *row_l1, uint32_t *ticket,
-                                                          FfnDeviceStats *out, FfnFeedback *publish) {
+                                                          FfnStatsBlock *block, FfnFeedback *publish) {
     const int lane = threadIdx.x & 31;
     if (dense_l1) {
         const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -72,12 +73,19 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
     __syncthreads();
     const double tl = ReduceD(temp.d).Sum(l1);
     if (threadIdx.x == 0) {
-        *out = FfnDeviceStats{m, tn, tm, to, td, tl};
-        // publish what steers the path choice to the host (mapped memory): one 16-byte store,
-        // with a check word so that a torn read is recognised; no fence on the stream's path
-        const float mean = m > 0 ? static_cast<float>(static_cast<double>(tn) / static_cast<double>(m)) : 0.0f;
-        const float dense_share = m > 0 ? static_cast<float>(static_cast<double>(td) / static_cast<double>(m)) : 0.0f;
-        *reinterpret_cast<uint4 *>(publish) = feedback_record(mean, dense_share);
+        block->last = FfnDeviceStats{m, tn, tm, to, td, tl};
+        // publish what steers the path choice to the host (mapped memory), when it changed:
+        // one 16-byte store with a check word, so that a torn read is recognised
+        const double mean = m > 0 ? static_cast<double>(tn) / static_cast<double>(m) : 0.0;
+        const float share = m > 0 ? static_cast<float>(static_cast<double>(td) / static_cast<double>(m)) : 0.0f;
+        const uint32_t mode = heuristics::dense_mode_after(mean, share, h) ? 1u : 0u;
+        const uint32_t share_bits = __float_as_uint(share);
+        FfnFeedback &last = block->published;
+        if (last.published != 1u || last.dense_mode != mode || __float_as_uint(last.dense_share) != share_bits) {
+            const uint4 record = make_uint4(mode, share_bits, 1u, feedback_check(mode, share_bits));
+            *reinterpret_cast<uint4 *>(&last) = record;
+            *reinterpret_cast<uint4 *>(publish) = record;
+        }
     }
 }
 
