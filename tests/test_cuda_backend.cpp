@@ -265,7 +265,6 @@ void check_against_reference(const FfnCase &c) {
 }  // namespace
 
 TEST_CASE("CUDA FFN: small-integer data give bit-identical results", "[cuda][ffn]") {
-    REQUIRE_GPU();
     for (bool gated : {true, false})
         for (int64_t m : {1, 7, 130})
             for (int hidden : {0, 1, 2}) {
@@ -282,7 +281,6 @@ TEST_CASE("CUDA FFN: small-integer data give bit-identical results", "[cuda][ffn
 }
 
 TEST_CASE("CUDA FFN: profiles, types and modes against the reference", "[cuda][ffn]") {
-    REQUIRE_GPU();
     for (tt::Profile p : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})
         for (twDataType_t t : {TW_R_16BF, TW_R_16F, TW_R_32F})
             for (twComputeMode_t mode : {TW_COMPUTE_DEFAULT, TW_COMPUTE_HIGHEST_PRECISION})
@@ -302,7 +300,6 @@ TEST_CASE("CUDA FFN: profiles, types and modes against the reference", "[cuda][f
 }
 
 TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the reference", "[cuda][ffn]") {
-    REQUIRE_GPU();
     // 150 active units of 600 is far above the gather break-even (H / 128): the second forward
     // runs the up and down projections as cuBLAS GEMMs over every row
     for (bool gated : {true, false})
@@ -345,7 +342,6 @@ TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the refer
 }
 
 TEST_CASE("CUDA FFN: odd shapes and layouts", "[cuda][ffn]") {
-    REQUIRE_GPU();
     struct Shape {
         int64_t m, d, h;
     };
@@ -366,7 +362,6 @@ TEST_CASE("CUDA FFN: odd shapes and layouts", "[cuda][ffn]") {
 }
 
 TEST_CASE("CUDA FFN: heavy rows go through the exact dense path", "[cuda][ffn]") {
-    REQUIRE_GPU();
     FfnCase c;
     c.m = 400;
     c.d = 256;
@@ -388,7 +383,6 @@ TEST_CASE("CUDA FFN: heavy rows go through the exact dense path", "[cuda][ffn]")
 }
 
 TEST_CASE("CUDA FFN: heavy rows through cuBLAS, and past the capacity the statistics suggested", "[cuda][ffn]") {
-    REQUIRE_GPU();
     for (bool gated : {true, false})
         for (int hidden : {0, 1}) {
             FfnCase c;
@@ -427,7 +421,6 @@ TEST_CASE("CUDA FFN: heavy rows through cuBLAS, and past the capacity the statis
 }
 
 TEST_CASE("CUDA FFN: deterministic mode and graph capture give identical bits", "[cuda][ffn]") {
-    REQUIRE_GPU();
     FfnCase c;
     c.m = 300;
     c.d = 128;
@@ -452,7 +445,6 @@ TEST_CASE("CUDA FFN: deterministic mode and graph capture give identical bits", 
 }
 
 TEST_CASE("CUDA FFN: M = 0", "[cuda][ffn]") {
-    REQUIRE_GPU();
     FfnCase c;
     c.m = 0;
     const FfnData data = make_data(c);
@@ -462,7 +454,6 @@ TEST_CASE("CUDA FFN: M = 0", "[cuda][ffn]") {
 }
 
 TEST_CASE("CUDA building blocks match the reference", "[cuda][blocks]") {
-    REQUIRE_GPU();
     std::mt19937_64 rng(5);
     std::uniform_int_distribution<int> small(-2, 2);
     const int64_t m = 37, k = 24, n = 300;

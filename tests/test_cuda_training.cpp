@@ -258,7 +258,6 @@ void check_against_reference(const TrainCase &c, const std::vector<float> *warm_
 }  // namespace
 
 TEST_CASE("CUDA training: small-integer data give bit-identical gradients", "[cuda][train]") {
-    REQUIRE_GPU();
     for (bool gated : {true, false})
         for (int64_t m : {1, 7, 130})
             for (int heavy : {0, 5}) {
@@ -278,7 +277,6 @@ TEST_CASE("CUDA training: recomputed rows through cuBLAS, past the capacity the 
           "[cuda][train]") {
     // a first step with 1 row in 200 on the dense path sets the cuBLAS capacity (128 rows here);
     // then 1 row in 5 (400 rows) needs the device-count GEMMs too. Small integers: bit-identical.
-    REQUIRE_GPU();
     for (bool gated : {true, false}) {
         TrainCase c;
         c.integers = true;
@@ -300,7 +298,6 @@ TEST_CASE("CUDA training: recomputed rows through cuBLAS, past the capacity the 
 }
 
 TEST_CASE("CUDA training: profiles, types and modes against the reference", "[cuda][train]") {
-    REQUIRE_GPU();
     for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})
         for (twDataType_t type : {TW_R_16BF, TW_R_16F, TW_R_32F})
             for (twComputeMode_t mode : {TW_COMPUTE_DEFAULT, TW_COMPUTE_HIGHEST_PRECISION})
@@ -321,7 +318,6 @@ TEST_CASE("CUDA training: profiles, types and modes against the reference", "[cu
 }
 
 TEST_CASE("CUDA training: odd shapes and layouts", "[cuda][train]") {
-    REQUIRE_GPU();
     struct Shape {
         int64_t m, d, h;
         twOrder_t wd, x, grad;
@@ -344,7 +340,6 @@ TEST_CASE("CUDA training: odd shapes and layouts", "[cuda][train]") {
 }
 
 TEST_CASE("CUDA training: more than 65536 tokens (token ids are not 16-bit)", "[cuda][train]") {
-    REQUIRE_GPU();
     TrainCase c;
     c.m = 70001;
     c.d = 16;
@@ -357,7 +352,6 @@ TEST_CASE("CUDA training: more than 65536 tokens (token ids are not 16-bit)", "[
 }
 
 TEST_CASE("CUDA training: deterministic bits, also inside a replayed CUDA graph", "[cuda][train]") {
-    REQUIRE_GPU();
     // bits are promised for one path: deterministic mode never changes path (no cuBLAS capacity
     // from earlier statistics); without it, a step's path follows the previous step's statistics
     TrainCase c;
@@ -379,7 +373,6 @@ TEST_CASE("CUDA training: gradients agree with finite differences of the GPU for
     // forward and twFfnGetStats, central differences (step 1e-3, fp64 loss) of each element of X
     // and of the weights; steps that cross a kink of ReLU or |h| (second difference far above a
     // quadratic's) are skipped. Tolerance 2e-3 absolute on gradients of order 1.
-    REQUIRE_GPU();
     for (bool gated : {true, false}) {
         DYNAMIC_SECTION((gated ? "gated" : "plain")) {
             TrainCase c;
@@ -446,7 +439,6 @@ TEST_CASE("CUDA training: gradients agree with finite differences of the GPU for
 }
 
 TEST_CASE("CUDA training: M = 0 gives zero weight gradients", "[cuda][train]") {
-    REQUIRE_GPU();
     TrainCase c;
     c.m = 0;
     const TrainData data = make_data(c);
