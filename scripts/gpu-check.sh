@@ -3,9 +3,11 @@
 #   scripts/gpu-check.sh [BUILD_DIR]
 # Environment: TW_STAGES (default "tests sanitize bench demo"), TW_SUITE (bench suite, default
 # full), TW_BENCH_FILTER (Google Benchmark filter). Reports the GPU, runs every test binary
-# (CTest files hold this machine's absolute paths, so the binaries are run directly), the CUDA
-# tests again under compute-sanitizer (memcheck on all, racecheck on the shared-memory users), the
-# benchmark suite (JSON), then the demo. Logs go to $OUT (or ./gpu-out without it).
+# (CTest files hold this machine's absolute paths, so the binaries are run directly; the CUDA
+# ones, test_cuda_backend and test_cuda_training, exit with 77 when they find no usable GPU,
+# which counts as a failure here), the CUDA tests again under compute-sanitizer (memcheck, and
+# racecheck on the shared-memory users), the benchmark suite (JSON), then the demo. Logs go to
+# $OUT (or ./gpu-out without it).
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-gpu-out}
@@ -19,8 +21,11 @@ status=0
 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv | tee "$out/gpu.txt"
 
-record() {  # name rc
-  printf '%-40s %s\n' "$1" "$([ "$2" -eq 0 ] && echo passed || echo "FAILED ($2)")" | tee -a "$out/summary.txt"
+record() {  # name rc (77: a CUDA test program found no usable GPU, a failure here)
+  local verdict=passed
+  [ "$2" -eq 0 ] || verdict="FAILED ($2)"
+  [ "$2" -eq 77 ] && verdict="FAILED (77: skipped, no usable GPU)"
+  printf '%-40s %s\n' "$1" "$verdict" | tee -a "$out/summary.txt"
   [ "$2" -eq 0 ] || status=1
 }
 
@@ -37,17 +42,25 @@ if [[ $stages == *tests* ]]; then
 fi
 
 if [[ $stages == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
+  # Catch2 test specs: patterns in one argument separated by commas are OR'd, separate
+  # arguments are AND'd (so "~a" "~b" leaves out both). Case names: tests/test_ffn_forward.cpp,
+  # test_building_blocks.cpp, test_ffn_backward.cpp (shared with the CPU programs) and
+  # test_cuda_backend.cpp, test_cuda_training.cpp (CUDA only).
   t="$build/tests/test_cuda_backend"
   compute-sanitizer --tool memcheck --error-exitcode 1 "$t" >"$out/memcheck.log" 2>&1
   rc=$?; record "memcheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/memcheck.log"
-  compute-sanitizer --tool racecheck --error-exitcode 1 "$t" "CUDA FFN: heavy rows*,CUDA FFN: deterministic*,CUDA building blocks*" \
+  # racecheck on the shared-memory users: heavy rows, determinism, graphs, building blocks
+  compute-sanitizer --tool racecheck --error-exitcode 1 "$t" \
+    "forward: heavy rows*,CUDA FFN: heavy rows*,forward: deterministic*,CUDA FFN: graph capture*,building blocks:*" \
     >"$out/racecheck.log" 2>&1
   rc=$?; record "racecheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/racecheck.log"
   # training: every case but the 70001-token one and the finite differences (slow under the tool)
   t="$build/tests/test_cuda_training"
-  compute-sanitizer --tool memcheck --error-exitcode 1 "$t" "~*65536 tokens*,~*finite differences*" >"$out/memcheck-train.log" 2>&1
+  compute-sanitizer --tool memcheck --error-exitcode 1 "$t" "~*65536 tokens*" "~*finite differences*" \
+    >"$out/memcheck-train.log" 2>&1
   rc=$?; record "memcheck test_cuda_training" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/memcheck-train.log"
-  compute-sanitizer --tool racecheck --error-exitcode 1 "$t" "CUDA training: small-integer*,CUDA training: deterministic*" \
+  compute-sanitizer --tool racecheck --error-exitcode 1 "$t" \
+    "training: small-integer*,training: deterministic*,CUDA training: a replayed CUDA graph*" \
     >"$out/racecheck-train.log" 2>&1
   rc=$?; record "racecheck test_cuda_training" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/racecheck-train.log"
 fi

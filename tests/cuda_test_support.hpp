@@ -1,71 +1,22 @@
-// Helpers of the CUDA test programs: whether a GPU answers (cases pass, saying why, where none
-// does: CI), device memory with host mirrors, and dense matrices mirrored on the device.
+// Helpers of the CUDA-only cases (test_cuda_backend.cpp, test_cuda_training.cpp): CUDA runtime
+// checks and graph capture. Device memory is Buffers' (backend_support.hpp), which keeps it in
+// src/testing/cuda/device_memory.hpp. (Without a usable GPU the CUDA programs never run a case:
+// their main(), cuda_test_main.cpp, exits with CTest's skip code.)
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstdio>
-#include <vector>
+#include <functional>
 
+#include "backend_support.hpp"
 #include "test_support.hpp"
 
 namespace twtest {
-
-inline bool gpu_present() {
-    static const bool present = [] {
-        twHandle_t h = nullptr;
-        const twStatus_t st = twCreateWithBackend(&h, TW_BACKEND_CUDA);
-        if (st != TW_STATUS_SUCCESS) {
-            std::fprintf(stderr, "no usable GPU (%s: %s); every CUDA case passes without running\n",
-                         twGetStatusName(st), twGetErrorMessage(nullptr));
-            return false;
-        }
-        twDestroy(h);
-        return true;
-    }();
-    return present;
-}
-#define REQUIRE_GPU() \
-    if (!gpu_present()) return
 
 inline void cuda_ok(cudaError_t e) {
     INFO(cudaGetErrorString(e));
     REQUIRE(e == cudaSuccess);
 }
-
-/// Device memory with a host mirror of the same bytes.
-struct DeviceCopy {
-    void *ptr = nullptr;
-    size_t bytes = 0;
-    explicit DeviceCopy(size_t n) : bytes(std::max<size_t>(n, 1)) {
-        cuda_ok(cudaMalloc(&ptr, bytes));
-        cuda_ok(cudaMemset(ptr, 0xA5, bytes));  // garbage, never zeros
-    }
-    DeviceCopy(const void *host, size_t n) : DeviceCopy(n) { cuda_ok(cudaMemcpy(ptr, host, n, cudaMemcpyHostToDevice)); }
-    ~DeviceCopy() { cudaFree(ptr); }
-    DeviceCopy(const DeviceCopy &) = delete;
-    DeviceCopy &operator=(const DeviceCopy &) = delete;
-    template <class T> std::vector<T> download(size_t count) const {
-        std::vector<T> out(count);
-        cuda_ok(cudaMemcpy(out.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
-        return out;
-    }
-};
-
-/// A Dense (host storage + descriptor) mirrored on the device with its own descriptor.
-struct DeviceDense {
-    Dense &host;
-    DeviceCopy mem;
-    twDnMatDescr_t d = nullptr;
-    explicit DeviceDense(Dense &h) : host(h), mem(h.storage.data(), h.storage.size() * 4) {
-        REQUIRE(twCreateDnMat(&d, h.rows, h.cols, h.ld, mem.ptr, h.type, h.order) == TW_STATUS_SUCCESS);
-    }
-    ~DeviceDense() { twDestroyDnMat(d); }
-    operator twDnMatDescr_t() const { return d; }
-    /// Copies the device values back into the host Dense.
-    void fetch() { cuda_ok(cudaMemcpy(host.storage.data(), mem.ptr, host.storage.size() * 4, cudaMemcpyDeviceToHost)); }
-};
 
 /// Captures `call` (the twblas calls of one step, returning a status) on a new stream into a CUDA
 /// graph and replays it `repeats` times; the handle is back on the default stream afterwards.
@@ -87,6 +38,11 @@ template <class F> void replay_captured(twHandle_t h, int repeats, F &&call) {
     cudaGraphDestroy(graph);
     TW_REQUIRE_OK(h, twSetStream(h, nullptr));
     cudaStreamDestroy(stream);
+}
+
+/// The replay of FfnRun / TrainRun: the steps captured into a CUDA graph and replayed.
+inline void graph_replay(twHandle_t h, int repeats, const std::function<twStatus_t()> &step) {
+    replay_captured(h, repeats, step);
 }
 
 }  // namespace twtest

@@ -1,52 +1,109 @@
-// twSpGEMMFusedForwardTrain + twSpGEMMFusedBackward against naive fp64 gradients (with the L1
-// term), finite differences on a tiny case, heavy rows (recomputed in the backward), both kinds.
-#include "testing/problem.hpp"
+// The training path (twSpGEMMFusedForwardTrain + twSpGEMMFusedBackward), compiled for both
+// backends (tests/CMakeLists.txt): into test_ffn_backward (the CPU reference) and, with
+// TWTEST_BACKEND_CUDA, into test_cuda_training. The shared cases run training steps on the
+// program's backend against its oracle (training_support.hpp): the naive fp64 forward and
+// gradients on the CPU, the CPU reference on CUDA. Small-integer data (exact, recomputed rows
+// included), heavy rows beyond the saved ELL width, odd shapes and layouts, determinism, M = 0.
+// Then the cases of the CPU reference alone: every profile against naive fp64 gradients with the
+// L1 term, finite differences of the naive forward, a saved state from another problem.
 #include "test_support.hpp"
+#include "testing/problem.hpp"
+#include "training_support.hpp"
 
 using namespace twtest;
 namespace tt = twblas::testing;
 
-namespace {
-
-struct NaiveGrads {
-    std::vector<double> dx, dwg, dwu, dwd;
-};
-
-/// fp64 gradients of L = sum(dY * y) + l1 * mean_t sum_j |h_tj|.
-NaiveGrads naive_backward(int64_t m, int64_t d, int64_t hd, const std::vector<float> &x, const std::vector<float> &wg,
-                          const std::vector<float> &wu, const std::vector<float> &wd, const std::vector<float> &dy,
-                          double l1) {
-    const bool gated = !wg.empty();
-    const std::vector<float> &ws = gated ? wg : wu;
-    NaiveGrads g{std::vector<double>(m * d, 0.0), std::vector<double>(gated ? hd * d : 0, 0.0),
-                 std::vector<double>(hd * d, 0.0), std::vector<double>(hd * d, 0.0)};
-    for (int64_t t = 0; t < m; ++t)
-        for (int64_t j = 0; j < hd; ++j) {
-            double z = 0, u = 0;
-            for (int64_t k = 0; k < d; ++k) {
-                z += double(x[t * d + k]) * ws[j * d + k];
-                if (gated) u += double(x[t * d + k]) * wu[j * d + k];
-            }
-            if (!(z > 0)) continue;
-            const double h = gated ? z * u : z;
-            double dh = 0;
-            for (int64_t k = 0; k < d; ++k) dh += double(dy[t * d + k]) * wd[j * d + k];
-            dh += l1 / m * ((h > 0) - (h < 0));
-            const double dz = gated ? dh * u : dh, du = gated ? dh * z : 0.0;
-            for (int64_t k = 0; k < d; ++k) {
-                g.dwd[j * d + k] += h * dy[t * d + k];
-                if (gated) {
-                    g.dwg[j * d + k] += dz * x[t * d + k];
-                    g.dwu[j * d + k] += du * x[t * d + k];
-                    g.dx[t * d + k] += dz * wg[j * d + k] + du * wu[j * d + k];
-                } else {
-                    g.dwu[j * d + k] += dz * x[t * d + k];
-                    g.dx[t * d + k] += dz * wu[j * d + k];
+TEST_CASE("training: small-integer data give exact gradients, recomputed rows included",
+          "[ffn][backward][train]" TWTEST_BACKEND_TAG) {
+    // Every sum is exact in fp32 (|values| < 2^24), so fp32 outputs are exact, and bf16 rounds
+    // exact values: bit-identical on every backend (against the naive math, which does not
+    // round: fp32 bit for bit, bf16 within the bounds of training_support.hpp).
+    for (twDataType_t type : {TW_R_16BF, TW_R_32F})
+        for (bool gated : {true, false})
+            for (int64_t m : {1, 7, 130})
+                for (int heavy : {0, 5}) {
+                    TrainCase c;
+                    c.integers = true;
+                    c.type = type;
+                    c.gated = gated;
+                    c.m = m;
+                    c.heavy_every = heavy;
+                    c.l1 = static_cast<float>(m);  // l1Coeff / M = 1: integer shifts of dh
+                    DYNAMIC_SECTION((type == TW_R_32F ? "fp32 " : "bf16 ") << (gated ? "gated" : "plain") << " M " << m
+                                                                        << (heavy ? " with recomputed rows" : "")) {
+                        check_train_case(c);
+                    }
                 }
+}
+
+TEST_CASE("training: heavy rows beyond the saved ELL width are recomputed exactly",
+          "[ffn][backward][train][overflow]" TWTEST_BACKEND_TAG) {
+    // k = 60 of H = 400 with 3 % heavy rows (a = 0.25): heavy rows have far more than the 128
+    // saved entries, so the backward recomputes them from X.
+    TrainCase c;
+    c.m = 100, c.d = 32, c.h = 400;
+    c.profile = tt::Profile::Heavy;
+    c.k = 60;
+    c.seed = 77;
+    c.type = TW_R_32F;
+    c.mode = TW_COMPUTE_HIGHEST_PRECISION;
+    c.wd_order = TW_ORDER_COL;
+    c.l1 = 0.0f;
+    REQUIRE(tt::measure_activations(tt::make_ffn_problem(problem_spec(c))).max_row_nnz > 128);
+    check_train_case(c);
+}
+
+TEST_CASE("training: odd shapes and layouts", "[ffn][backward][train]" TWTEST_BACKEND_TAG) {
+    struct Shape {
+        int64_t m, d, h;
+        twOrder_t wd, x, grad;
+    };
+    const Shape shapes[] = {{1, 8, 64, TW_ORDER_ROW, TW_ORDER_ROW, TW_ORDER_ROW},
+                            {37, 100, 264, TW_ORDER_COL, TW_ORDER_ROW, TW_ORDER_COL},
+                            {257, 264, 700, TW_ORDER_ROW, TW_ORDER_COL, TW_ORDER_ROW},
+                            {65, 2100, 300, TW_ORDER_COL, TW_ORDER_ROW, TW_ORDER_ROW}};
+    for (const Shape &s : shapes)
+        for (bool gated : {true, false}) {
+            TrainCase c;
+            c.m = s.m, c.d = s.d, c.h = s.h, c.wd_order = s.wd, c.x_order = s.x, c.grad_order = s.grad;
+            c.gated = gated;
+            c.k = std::min<double>(29, static_cast<double>(s.h) / 8);
+            c.profile = tt::Profile::Heavy;
+            DYNAMIC_SECTION("M " << s.m << " D " << s.d << " H " << s.h << (gated ? " gated" : " plain")) {
+                check_train_case(c);
             }
         }
-    return g;
 }
+
+TEST_CASE("training: deterministic mode gives identical bits run to run", "[ffn][backward][train]" TWTEST_BACKEND_TAG) {
+    // bits are promised for one path: deterministic mode never changes path (no cuBLAS capacity
+    // from earlier statistics); without it, a step's path follows the previous step's statistics
+    TrainCase c;
+    c.profile = tt::Profile::Heavy;
+    c.m = 700;
+    c.d = 256;
+    c.h = 1024;
+    c.deterministic = 1;
+    const TrainData data = make_data(c);
+    const TrainResult a = run_train(c, data, kBackend);
+    const TrainResult b = run_train(c, data, kBackend, TrainRun().times(3));
+    REQUIRE(a.bits == b.bits);
+}
+
+TEST_CASE("training: M = 0 gives zero weight gradients", "[ffn][backward][train]" TWTEST_BACKEND_TAG) {
+    TrainCase c;
+    c.m = 0;
+    const TrainData data = make_data(c);
+    const TrainResult r = run_train(c, data, kBackend);
+    CHECK(r.stats.tokens == 0);
+    for (double v : r.dwd) REQUIRE(v == 0.0);
+    for (double v : r.dwg) REQUIRE(v == 0.0);
+}
+
+// ---- the CPU reference alone ------------------------------------------------------------------
+#if !defined(TWTEST_BACKEND_CUDA)
+
+namespace {
 
 struct TrainFixture {
     Handle h;
@@ -153,16 +210,6 @@ TEST_CASE("backward matches naive fp64 gradients, L1 term included", "[ffn][back
             }
 }
 
-TEST_CASE("heavy rows beyond the saved ELL width are recomputed exactly", "[ffn][backward][overflow]") {
-    // k = 60 of H = 400 with 3 % heavy rows (a = 0.25): heavy rows have far more than the 128
-    // saved entries, so the backward recomputes them from X.
-    const tt::FfnProblem p = problem(100, 32, 400, tt::Profile::Heavy, 60, true, 77);
-    REQUIRE(tt::measure_activations(p).max_row_nnz > 128);
-    TrainFixture f(p, TW_R_32F, TW_COMPUTE_HIGHEST_PRECISION);
-    f.run(0.0f);
-    f.check_against_naive(0.0f, 1e-4);
-}
-
 TEST_CASE("backward agrees with finite differences of the forward", "[ffn][backward]") {
     // Tiny fp32 case in HIGHEST_PRECISION: L(theta) = sum(dY * y) + l1 * mean_t sum |h|, central
     // differences (step 1e-3, loss in fp64) of a loss that is quadratic in each parameter away
@@ -248,3 +295,5 @@ TEST_CASE("backward rejects a saved state from another problem", "[ffn][backward
     CHECK(std::string(twGetErrorMessage(f.h)).find("saved") != std::string::npos);
     CHECK(f.DX->storage == before);
 }
+
+#endif  // !TWTEST_BACKEND_CUDA

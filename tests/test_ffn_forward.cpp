@@ -1,11 +1,208 @@
-// twSpGEMMFused against the naive fp64 feed-forward: odd shapes, both kinds, both down-weight
-// layouts, every generator profile (heavy rows and dead units included), hidden outputs,
-// statistics and neuron counts.
-#include "testing/problem.hpp"
+// twSpGEMMFused, compiled for both backends (tests/CMakeLists.txt): into test_ffn_forward (the
+// CPU reference) and, with TWTEST_BACKEND_CUDA, into test_cuda_backend. The shared cases run
+// the forward on the program's backend against its oracle (forward_support.hpp): the naive fp64
+// FFN on the CPU, the CPU reference on CUDA. Small-integer data (exact outputs, statistics,
+// neuron counts, hidden values, dead units, counts reset), odd shapes and both layouts of Wd and
+// X, heavy rows (flagged, exact, recorded by the hidden outputs), M = 0, determinism.
+// Then the cases of the CPU reference alone: the naive fp64 FFN on odd shapes and every profile
+// in both precisions, identical bits for both Wd layouts, weight updates.
+#include "forward_support.hpp"
 #include "test_support.hpp"
+#include "testing/problem.hpp"
 
 using namespace twtest;
 namespace tt = twblas::testing;
+
+TEST_CASE("forward: small-integer inputs give exact outputs, statistics and hidden values",
+          "[ffn][forward]" TWTEST_BACKEND_TAG) {
+    // Integers keep every product and sum exact in fp32 (all |values| < 2^24), so any indexing
+    // error shows as a wrong value, not as rounding noise; the roundings of bf16 then act on
+    // exact values, the same on every backend.
+    SECTION("fp32, dead units, a hybrid hidden output that holds every row, counts reset") {
+        FfnCase c;
+        c.m = 13, c.d = 10, c.h = 260;
+        c.type = TW_R_32F;
+        c.wd_order = TW_ORDER_COL;
+        c.integers = true;
+        c.hidden = 2, c.ell_width = 64, c.backup_rows = c.m;
+        std::mt19937_64 rng(5);
+        std::uniform_int_distribution<int> small(-2, 2);
+        FfnData data;
+        for (auto *v : {&data.x, &data.wg, &data.wu, &data.wd}) {
+            v->resize(static_cast<size_t>((v == &data.x ? c.m : c.h) * c.d));
+            for (float &e : *v) e = float(small(rng));
+        }
+        const int64_t dead = 250;  // units 250 and up have zero gate weights: they never fire
+        for (int64_t j = dead; j < c.h; ++j)
+            for (int64_t k = 0; k < c.d; ++k) data.wg[static_cast<size_t>(j * c.d + k)] = 0.0f;
+        const FfnResult got = run_ffn(c, data, kBackend, FfnRun().with_reset_counts());
+        check_forward(c, got, expected_forward(c, data));
+        REQUIRE(!got.hidden_bits.empty());  // the container holds every row: the whole pattern was compared
+        for (int64_t j = dead; j < c.h; ++j) CHECK(got.counts[static_cast<size_t>(j)] == 0);  // the dead units are found
+        CHECK(std::all_of(got.counts_after_reset.begin(), got.counts_after_reset.end(), [](int64_t n) { return n == 0; }));
+    }
+    SECTION("bf16, gated and plain, 1 to 130 tokens, every kind of hidden output") {
+        for (bool gated : {true, false})
+            for (int64_t m : {1, 7, 130})
+                for (int hidden : {0, 1, 2}) {
+                    FfnCase c;
+                    c.integers = true;
+                    c.gated = gated;
+                    c.m = m;
+                    c.d = 40;
+                    c.h = 300;
+                    c.hidden = hidden;
+                    c.seed = static_cast<uint64_t>(m * 10 + hidden);
+                    check_forward_case(c);
+                }
+    }
+}
+
+TEST_CASE("forward: odd shapes and layouts", "[ffn][forward]" TWTEST_BACKEND_TAG) {
+    struct Shape {
+        int64_t m, d, h;
+    };
+    for (Shape s : {Shape{1, 64, 256}, Shape{5, 100, 333}, Shape{66, 8, 64}, Shape{257, 264, 1000}, Shape{3, 2100, 700}})
+        for (twOrder_t wd : {TW_ORDER_ROW, TW_ORDER_COL})
+            for (twOrder_t xo : {TW_ORDER_ROW, TW_ORDER_COL}) {
+                FfnCase c;
+                c.m = s.m;
+                c.d = s.d;
+                c.h = s.h;
+                c.k = std::min(29.0, s.h / 4.0);
+                c.wd_order = wd;
+                c.x_order = xo;
+                c.x_pad = 3;
+                c.profile = tt::Profile::Heavy;
+                check_forward_case(c);
+            }
+}
+
+TEST_CASE("forward: heavy rows are exact and flagged; the hidden outputs record them",
+          "[ffn][forward][overflow]" TWTEST_BACKEND_TAG) {
+    SECTION("TwELL and hybrid hidden outputs") {
+        FfnCase c;
+        c.m = 200, c.d = 64, c.h = 1000;
+        c.profile = tt::Profile::Heavy;
+        c.k = 10;
+        c.heavy_fraction = 0.02;
+        c.seed = 3;
+        c.hidden = 1;
+        const FfnData data = make_data(c);
+        const FfnResult got = run_ffn(c, data, kBackend);
+        const FfnExpected want = expected_forward(c, data);
+        const ErrorReport e = compare(got.y, want.r.y, c.d);
+        INFO(e.worst);
+        CHECK(e.rel < want.bound);
+        // the heavy rows made on purpose overflow the 31 slots of a 256-column tile
+        const tt::ActivationStats measured = tt::measure_activations(tt::make_ffn_problem(problem_spec(c)));
+        CHECK(got.stats.overflowRows == measured.rows_over_tile_capacity);
+        CHECK(got.stats.overflowRows >= 1);
+        CHECK(got.stats.maxRowNnz == measured.max_row_nnz);
+        INFO(got.hidden_message);
+        CHECK(got.hidden_valid == TW_STATUS_SUCCESS);
+        CHECK(got.hidden_info.overflowRows == got.stats.overflowRows);
+        // the same forward into a hybrid with enough backup rows holds h exactly
+        c.hidden = 2, c.ell_width = 32, c.backup_rows = c.m;
+        const FfnResult hy = run_ffn(c, data, kBackend);
+        const FfnExpected hy_want = expected_forward(c, data);
+        REQUIRE(!hy.hidden_bits.empty());
+        REQUIRE(hy.hidden_bits.size() == hy_want.r.hidden_bits.size());
+        int64_t mismatches = 0;
+        for (size_t i = 0; i < hy.hidden_bits.size(); ++i)
+            mismatches += nonzero_bits(hy.hidden_bits[i], c.type) != nonzero_bits(hy_want.r.hidden_bits[i], c.type);
+        CHECK(mismatches <= 2);  // pattern equal up to pre-activations within fp32 rounding of zero
+    }
+    SECTION("400 tokens, no hidden output") {
+        FfnCase c;
+        c.m = 400, c.d = 256, c.h = 1024;
+        c.profile = tt::Profile::Heavy;
+        c.k = 29;
+        const FfnData data = make_data(c);
+        const FfnResult got = run_ffn(c, data, kBackend);
+        const FfnExpected want = expected_forward(c, data);
+        REQUIRE(want.r.stats.overflowRows >= 4);
+        CHECK(got.stats.overflowRows == want.r.stats.overflowRows);
+        const ErrorReport e = compare(got.y, want.r.y, c.d);
+        INFO(e.worst);
+        REQUIRE(e.rel <= want.bound);
+        // every unit fires for some heavy rows: the counts agree within near-zero flips
+        int64_t diff = 0, total = 0;
+        for (size_t j = 0; j < want.r.counts.size(); ++j)
+            diff += std::llabs(want.r.counts[j] - got.counts[j]), total += want.r.counts[j];
+        CHECK(diff <= total / 100);
+    }
+}
+
+TEST_CASE("forward: M = 0 succeeds without touching pointers", "[ffn][forward]" TWTEST_BACKEND_TAG) {
+    SECTION("NULL activations and workspace") {
+        Handle h(kBackend);
+        Buffers buf(kBackend);
+        Dense wg(40, 16, TW_R_16BF), wu(40, 16, TW_R_16BF), wd(40, 16, TW_R_16BF);
+        twFfnDescr_t ffn = nullptr;
+        TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, buf.input(wg), buf.input(wu), buf.input(wd)));
+        twDnMatDescr_t x = nullptr, y = nullptr;
+        TW_REQUIRE_OK(h, twCreateDnMat(&x, 0, 16, 16, nullptr, TW_R_16BF, TW_ORDER_ROW));
+        TW_REQUIRE_OK(h, twCreateDnMat(&y, 0, 16, 16, nullptr, TW_R_16BF, TW_ORDER_ROW));
+        size_t bytes = 1;
+        TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, x, y, &bytes));
+        CHECK(bytes == 0);
+        TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, x, y, nullptr, nullptr));
+        twDestroyDnMat(x);
+        twDestroyDnMat(y);
+        twDestroyFfn(ffn);
+    }
+    SECTION("a whole run") {
+        FfnCase c;
+        c.m = 0;
+        const FfnResult r = run_ffn(c, make_data(c), kBackend);
+        CHECK(r.y.empty());
+        CHECK(r.stats.tokens == 0);
+    }
+}
+
+TEST_CASE("forward: deterministic mode gives identical bits run to run and sorted TwELL entries",
+          "[ffn][forward]" TWTEST_BACKEND_TAG) {
+    // one forward of a new FFN against the third of three of another: deterministic mode never
+    // lets the statistics of earlier forwards change the path
+    FfnCase llm;
+    llm.m = 150, llm.d = 64, llm.h = 700;
+    llm.profile = tt::Profile::Llm;
+    llm.k = 20;
+    llm.seed = 12;
+    llm.hidden = 1, llm.twell_compression = 2;
+    FfnCase heavy;
+    heavy.m = 300, heavy.d = 128, heavy.h = 700;
+    heavy.profile = tt::Profile::Heavy;
+    heavy.hidden = 2;
+    for (FfnCase c : {llm, heavy}) {
+        c.deterministic = 1;
+        INFO(describe(c));
+        const FfnData data = make_data(c);
+        const FfnResult a = run_ffn(c, data, kBackend), b = run_ffn(c, data, kBackend, FfnRun().times(3));
+        REQUIRE(a.y_bits == b.y_bits);
+        CHECK(a.stats.l1 == b.stats.l1);
+        // neuron counts accumulate over the forwards since the last reset
+        for (size_t j = 0; j < a.counts.size(); ++j) CHECK(b.counts[j] == 3 * a.counts[j]);
+        if (c.hidden != 1) continue;
+        // TwELL: ascending columns inside every block, and identical buffers (bar unused slots)
+        const int64_t block = 256 / c.twell_compression, ld = (c.h + 255) / 256 * block;
+        REQUIRE(a.hidden_words.size() == b.hidden_words.size());
+        REQUIRE(a.hidden_words.size() >= static_cast<size_t>(c.m * ld));
+        for (int64_t r = 0; r < c.m; ++r)
+            for (int64_t t = 0; t < ld / block; ++t) {
+                const uint32_t *wa = a.hidden_words.data() + r * ld + t * block, *wb = b.hidden_words.data() + r * ld + t * block;
+                REQUIRE(wa[0] == wb[0]);
+                for (uint32_t i = 1; i <= (wa[0] & 0xFFFF); ++i) {
+                    REQUIRE(wa[i] == wb[i]);
+                    if (i > 1) REQUIRE((wa[i] & 0xFFFF) > (wa[i - 1] & 0xFFFF));
+                }
+            }
+    }
+}
+
+// ---- the CPU reference alone ------------------------------------------------------------------
+#if !defined(TWTEST_BACKEND_CUDA)
 
 namespace {
 
@@ -108,110 +305,6 @@ TEST_CASE("both down-weight layouts give identical bits", "[ffn][forward]") {
     CHECK(row.y->storage == col.y->storage);
 }
 
-TEST_CASE("small-integer inputs give exact outputs and an exact hidden pattern", "[ffn][forward]") {
-    // Integers keep every product and sum exact in fp32 (all |values| < 2^24), so any indexing
-    // error shows as a wrong value, not as rounding noise.
-    Handle h;
-    const int64_t m = 13, d = 10, hd = 260;
-    std::mt19937_64 rng(5);
-    std::uniform_int_distribution<int> small(-2, 2);
-    std::vector<float> x(m * d), wg(hd * d), wu(hd * d), wd(hd * d);
-    for (auto *v : {&x, &wg, &wu, &wd})
-        for (float &e : *v) e = float(small(rng));
-    for (int64_t j = 250; j < hd; ++j)  // dead units
-        for (int64_t k = 0; k < d; ++k) wg[j * d + k] = 0.0f;
-    Dense X(m, d, TW_R_32F), Y(m, d, TW_R_32F), WG(hd, d, TW_R_32F), WU(hd, d, TW_R_32F), WD(hd, d, TW_R_32F, TW_ORDER_COL);
-    X.fill(x);
-    WG.fill(wg);
-    WU.fill(wu);
-    WD.fill(wd);
-    twFfnDescr_t ffn = nullptr;
-    TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, WG, WU, WD));
-    auto hidden = Sparse::hybrid(m, hd, 64, m, TW_R_32F);
-    Y.poison();
-    TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y, *hidden, nullptr));
-    const NaiveFfn want = naive_ffn(m, d, hd, x, wg, wu, wd, nullptr);
-    for (int64_t i = 0; i < m * d; ++i) REQUIRE(Y.get(i / d, i % d) == want.y[i]);
-    Dense H(m, hd, TW_R_32F);
-    TW_REQUIRE_OK(h, twSparseToDense(h, *hidden, H));
-    int64_t active = 0, max_row = 0;
-    for (int64_t t = 0; t < m; ++t) {
-        int64_t row = 0;
-        for (int64_t j = 0; j < hd; ++j) {
-            REQUIRE(H.get(t, j) == want.hidden[t * hd + j]);
-            row += want.z[t * hd + j] > 0;
-        }
-        active += row;
-        max_row = std::max(max_row, row);
-    }
-    twFfnStats_t st;
-    TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &st));
-    CHECK(st.tokens == m);
-    CHECK(st.meanRowNnz == Approx(double(active) / m));
-    CHECK(st.maxRowNnz == max_row);
-    double l1 = 0;
-    for (double v : want.hidden) l1 += std::fabs(v);
-    CHECK(st.l1 == Approx(l1 / m));
-    std::vector<int64_t> counts(hd, -1);
-    TW_REQUIRE_OK(h, twFfnGetNeuronCounts(h, ffn, counts.data()));
-    for (int64_t j = 0; j < hd; ++j) {
-        int64_t c = 0;
-        for (int64_t t = 0; t < m; ++t) c += want.z[t * hd + j] > 0;
-        REQUIRE(counts[j] == c);
-    }
-    for (int64_t j = 250; j < hd; ++j) CHECK(counts[j] == 0);  // the dead units are found
-    TW_REQUIRE_OK(h, twFfnResetNeuronCounts(h, ffn));
-    TW_REQUIRE_OK(h, twFfnGetNeuronCounts(h, ffn, counts.data()));
-    CHECK(std::all_of(counts.begin(), counts.end(), [](int64_t c) { return c == 0; }));
-    twDestroyFfn(ffn);
-}
-
-TEST_CASE("heavy rows are exact and flagged; the TwELL hidden output records them", "[ffn][forward][overflow]") {
-    auto s = spec(200, 64, 1000, tt::Profile::Heavy, 10, true, 3);
-    s.heavy_fraction = 0.02;
-    FfnFixture f(s, TW_R_16BF);
-    auto tw = Sparse::twell(200, 1000);
-    f.run(*tw);
-    const ErrorReport e = compare(f.y->to_double(), f.naive(true).y, f.d);
-    INFO(e.worst);
-    CHECK(e.rel < 4 * unit_roundoff(TW_R_16BF));
-    // the heavy rows made on purpose overflow the 31 slots of a 256-column tile
-    twFfnStats_t st;
-    TW_REQUIRE_OK(f.h, twFfnGetStats(f.h, f.ffn, &st));
-    const tt::ActivationStats measured = tt::measure_activations(f.p);
-    CHECK(st.overflowRows == measured.rows_over_tile_capacity);
-    CHECK(st.overflowRows >= 1);
-    CHECK(st.maxRowNnz == measured.max_row_nnz);
-    TW_REQUIRE_OK(f.h, twSpMatValidate(f.h, *tw));
-    CHECK(info_of(f.h, *tw).overflowRows == st.overflowRows);
-    // the same run into a hybrid with enough backup rows holds h exactly
-    auto hy = Sparse::hybrid(200, 1000, 32, 200);
-    f.run(*hy);
-    Dense hd(200, 1000, TW_R_16BF);
-    TW_REQUIRE_OK(f.h, twSparseToDense(f.h, *hy, hd));
-    const NaiveFfn want = f.naive(true);
-    int64_t mismatches = 0;
-    for (int64_t i = 0; i < 200 * 1000; ++i) mismatches += (hd.get(i / 1000, i % 1000) != 0) != (want.hidden[i] != 0);
-    CHECK(mismatches <= 2);  // pattern equal up to pre-activations within fp32 rounding of zero
-}
-
-TEST_CASE("M = 0 succeeds without touching pointers", "[ffn][forward]") {
-    Handle h;
-    Dense wg(40, 16, TW_R_16BF), wu(40, 16, TW_R_16BF), wd(40, 16, TW_R_16BF);
-    twFfnDescr_t ffn = nullptr;
-    TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, wg, wu, wd));
-    twDnMatDescr_t x = nullptr, y = nullptr;
-    TW_REQUIRE_OK(h, twCreateDnMat(&x, 0, 16, 16, nullptr, TW_R_16BF, TW_ORDER_ROW));
-    TW_REQUIRE_OK(h, twCreateDnMat(&y, 0, 16, 16, nullptr, TW_R_16BF, TW_ORDER_ROW));
-    size_t bytes = 1;
-    TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, x, y, &bytes));
-    CHECK(bytes == 0);
-    TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, x, y, nullptr, nullptr));
-    twDestroyDnMat(x);
-    twDestroyDnMat(y);
-    twDestroyFfn(ffn);
-}
-
 TEST_CASE("twFfnUpdateWeights makes later forwards use the new weights", "[ffn][forward]") {
     const auto s = spec(9, 32, 300, tt::Profile::Uniform, 20, true, 8);
     FfnFixture f(s, TW_R_32F);
@@ -228,26 +321,4 @@ TEST_CASE("twFfnUpdateWeights makes later forwards use the new weights", "[ffn][
             REQUIRE(f.y->get(r, c) == Approx(2.0 * twblas::load_value(before.data(), f.y->at(r, c), TW_R_32F)).margin(1e-6));
 }
 
-TEST_CASE("deterministic mode gives identical bits run to run and sorted TwELL entries", "[ffn][forward]") {
-    const auto s = spec(150, 64, 700, tt::Profile::Llm, 20, true, 12);
-    FfnFixture f(s, TW_R_16BF);
-    const int32_t on = 1;
-    TW_REQUIRE_OK(f.h, twFfnSetAttribute(f.ffn, TW_FFN_ATTR_DETERMINISTIC, &on, sizeof on));
-    auto first = Sparse::twell(150, 700, TW_R_16BF, 256, 2), second = Sparse::twell(150, 700, TW_R_16BF, 256, 2);
-    f.run(*first);
-    const auto y1 = f.y->storage;
-    f.y->poison();
-    f.run(*second);
-    CHECK(f.y->storage == y1);
-    // ascending columns inside every block, and identical buffers (bar unused slots)
-    const int64_t ld = 3 * 128;
-    for (int64_t r = 0; r < 150; ++r)
-        for (int64_t t = 0; t < 3; ++t) {
-            const uint32_t *a = first->words() + r * ld + t * 128, *b = second->words() + r * ld + t * 128;
-            REQUIRE(a[0] == b[0]);
-            for (uint32_t i = 1; i <= (a[0] & 0xFFFF); ++i) {
-                REQUIRE(a[i] == b[i]);
-                if (i > 1) REQUIRE((a[i] & 0xFFFF) > (a[i - 1] & 0xFFFF));
-            }
-        }
-}
+#endif  // !TWTEST_BACKEND_CUDA

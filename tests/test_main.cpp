@@ -1,3 +1,4 @@
-// The one translation unit that holds Catch2's main().
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// main() of the CPU test programs: the Catch2 session, as Catch2's own main() runs it.
+#include "test_main.hpp"
+
+int main(int argc, char *argv[]) { return twtest::run_catch(argc, argv); }

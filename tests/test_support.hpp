@@ -1,6 +1,6 @@
 // Shared helpers of the Catch2 tests: RAII owners of C objects, bf16 data, the naive fp64
-// feed-forward that the library is checked against, and error measures that print the worst
-// entries when they fail.
+// feed-forward and its gradients that the library is checked against, and error measures that
+// print the worst entries when they fail.
 #pragma once
 
 #include <twblas/twblas.h>
@@ -202,6 +202,46 @@ inline NaiveFfn naive_ffn(int64_t m, int64_t d, int64_t h, const std::vector<flo
         }
     }
     return out;
+}
+
+struct NaiveGrads {
+    std::vector<double> dx, dwg, dwu, dwd;
+};
+
+/// fp64 gradients of L = sum(dY * y) + l1 * mean_t sum_j |h_tj|.
+inline NaiveGrads naive_backward(int64_t m, int64_t d, int64_t hd, const std::vector<float> &x,
+                                 const std::vector<float> &wg, const std::vector<float> &wu, const std::vector<float> &wd,
+                                 const std::vector<float> &dy, double l1) {
+    const bool gated = !wg.empty();
+    const std::vector<float> &ws = gated ? wg : wu;
+    NaiveGrads g{std::vector<double>(m * d, 0.0), std::vector<double>(gated ? hd * d : 0, 0.0),
+                 std::vector<double>(hd * d, 0.0), std::vector<double>(hd * d, 0.0)};
+    for (int64_t t = 0; t < m; ++t)
+        for (int64_t j = 0; j < hd; ++j) {
+            double z = 0, u = 0;
+            for (int64_t k = 0; k < d; ++k) {
+                z += double(x[t * d + k]) * ws[j * d + k];
+                if (gated) u += double(x[t * d + k]) * wu[j * d + k];
+            }
+            if (!(z > 0)) continue;
+            const double h = gated ? z * u : z;
+            double dh = 0;
+            for (int64_t k = 0; k < d; ++k) dh += double(dy[t * d + k]) * wd[j * d + k];
+            dh += l1 / m * ((h > 0) - (h < 0));
+            const double dz = gated ? dh * u : dh, du = gated ? dh * z : 0.0;
+            for (int64_t k = 0; k < d; ++k) {
+                g.dwd[j * d + k] += h * dy[t * d + k];
+                if (gated) {
+                    g.dwg[j * d + k] += dz * x[t * d + k];
+                    g.dwu[j * d + k] += du * x[t * d + k];
+                    g.dx[t * d + k] += dz * wg[j * d + k] + du * wu[j * d + k];
+                } else {
+                    g.dwu[j * d + k] += dz * x[t * d + k];
+                    g.dx[t * d + k] += dz * wu[j * d + k];
+                }
+            }
+        }
+    return g;
 }
 
 }  // namespace twtest
