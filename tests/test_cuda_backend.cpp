@@ -127,3 +127,84 @@ TEST_CASE("CUDA FFN: graph capture replays the deterministic bits", "[cuda][ffn]
     // neuron counts accumulate over the forwards since the last reset
     for (size_t j = 0; j < a.counts.size(); ++j) CHECK(g.counts[j] == 2 * a.counts[j]);
 }
+
+TEST_CASE("CUDA FFN: repeated eager calls (captured once, then replayed) give the first call's bits", "[cuda][ffn]") {
+    // the second call with the same arguments captures the call into a graph, later ones replay
+    // it: every path (decode, fused, two-pass; a hidden output) must give the bits of one call
+    for (const int64_t m : {3, 70, 300}) {
+        FfnCase c;
+        c.m = m;
+        c.d = 128;
+        c.h = 700;
+        c.profile = tt::Profile::Heavy;
+        c.deterministic = 1;
+        c.hidden = 1;
+        INFO(describe(c));
+        const FfnData data = make_data(c);
+        const FfnResult once = run_ffn(c, data, TW_BACKEND_CUDA);
+        const FfnResult many = run_ffn(c, data, TW_BACKEND_CUDA, FfnRun().times(5));
+        REQUIRE(once.y_bits == many.y_bits);
+        REQUIRE(once.hidden_words == many.hidden_words);
+        for (size_t j = 0; j < once.counts.size(); ++j) REQUIRE(many.counts[j] == 5 * once.counts[j]);
+    }
+}
+
+TEST_CASE("CUDA FFN: a replayed call follows new buffers and attributes", "[cuda][ffn]") {
+    // a captured call is keyed on every pointer, layout and attribute it depends on: changing
+    // any of them between calls must never replay a graph of the old arguments
+    for (const int64_t m : {2, 64, 300}) {
+        FfnCase c;
+        c.m = m;
+        c.d = 96;
+        c.h = 500;
+        c.deterministic = 1;
+        INFO(describe(c));
+        FfnCase c2 = c;
+        c2.seed = 99;
+        const FfnData data = make_data(c), data2 = make_data(c2);
+        const FfnResult want = run_ffn(c, data, TW_BACKEND_CUDA), want2 = run_ffn(c2, data2, TW_BACKEND_CUDA);
+        FfnCase hi = c;
+        hi.mode = TW_COMPUTE_HIGHEST_PRECISION;
+        const FfnResult want_hi = run_ffn(hi, data, TW_BACKEND_CUDA);
+
+        Handle h(TW_BACKEND_CUDA);
+        Buffers buf(TW_BACKEND_CUDA);
+        Dense x(c.m, c.d, c.type), x2(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type);
+        x.fill(data.x);
+        x2.fill(data2.x);
+        wg.fill(data.wg);
+        wu.fill(data.wu);
+        wd.fill(data.wd);
+        Dense y1(c.m, c.d, c.type), y2(c.m, c.d, c.type), y3(c.m, c.d, c.type), y4(c.m, c.d, c.type);
+        for (Dense *y : {&y1, &y2, &y3, &y4}) y->poison();
+        const twDnMatDescr_t X = buf.input(x), X2 = buf.input(x2), Y1 = buf.output(y1), Y2 = buf.output(y2),
+                             Y3 = buf.output(y3), Y4 = buf.output(y4);
+        twFfnDescr_t ffn = nullptr;
+        TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, buf.input(wg), buf.input(wu), buf.input(wd)));
+        REQUIRE(twFfnSetAttribute(ffn, TW_FFN_ATTR_DETERMINISTIC, &c.deterministic, sizeof c.deterministic) ==
+                TW_STATUS_SUCCESS);
+        size_t ws_bytes = 0;
+        TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y1, &ws_bytes));
+        void *ws = buf.memory(ws_bytes);
+        for (int i = 0; i < 3; ++i) TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y1, nullptr, ws));  // eager, capture, replay
+        TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y2, nullptr, ws));                              // another Y
+        TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X2, Y3, nullptr, ws));                             // another X
+        const int32_t highest = TW_COMPUTE_HIGHEST_PRECISION;
+        REQUIRE(twFfnSetAttribute(ffn, TW_FFN_ATTR_COMPUTE_MODE, &highest, sizeof highest) == TW_STATUS_SUCCESS);
+        TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y4, &ws_bytes));
+        void *ws_hi = buf.memory(ws_bytes);
+        TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y4, nullptr, ws_hi));  // another mode
+        buf.fetch();
+        auto bits = [&](const Dense &y) {
+            std::vector<uint32_t> b;
+            for (int64_t i = 0; i < c.m; ++i)
+                for (int64_t k = 0; k < c.d; ++k) b.push_back(y.bits(i, k));
+            return b;
+        };
+        REQUIRE(bits(y1) == want.y_bits);
+        REQUIRE(bits(y2) == want.y_bits);
+        REQUIRE(bits(y3) == want2.y_bits);
+        REQUIRE(bits(y4) == want_hi.y_bits);
+        twDestroyFfn(ffn);
+    }
+}
