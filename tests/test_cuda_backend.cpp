@@ -161,8 +161,11 @@ TEST_CASE("CUDA FFN: a replayed call follows new buffers and attributes", "[cuda
         INFO(describe(c));
         FfnCase c2 = c;
         c2.seed = 99;
-        const FfnData data = make_data(c), data2 = make_data(c2);
-        const FfnResult want = run_ffn(c, data, TW_BACKEND_CUDA), want2 = run_ffn(c2, data2, TW_BACKEND_CUDA);
+        REQUIRE(make_data(c2).x != make_data(c).x);
+        const FfnData data = make_data(c);
+        FfnData data2 = data;  // the same weights, another X
+        data2.x = make_data(c2).x;
+        const FfnResult want = run_ffn(c, data, TW_BACKEND_CUDA), want2 = run_ffn(c, data2, TW_BACKEND_CUDA);
         FfnCase hi = c;
         hi.mode = TW_COMPUTE_HIGHEST_PRECISION;
         const FfnResult want_hi = run_ffn(hi, data, TW_BACKEND_CUDA);
