@@ -62,8 +62,8 @@ void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w
                    const FfnScratch &s, unsigned long long *neuron_counts, bool write_h) {
     const int blocks = ceil_div(p.h, kDecodeUnitsPerBlock);
     const int nt = ceil_div(p.h, p.tile);
-    check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
-    check(cudaMemsetAsync(s.dec_zero, 0, static_cast<size_t>(p.m * (2 + nt)) * 4, stream), "cudaMemsetAsync");
+    // the header and the counters after it (ffn_layout: one memset, one graph node fewer)
+    check(cudaMemsetAsync(s.header, 0, static_cast<size_t>(2 + p.m * (2 + nt)) * 4, stream), "cudaMemsetAsync");
     DecodeArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<int>(p.m), p.d,
                     p.dp, p.h, static_cast<const T *>(w.gate), static_cast<const T *>(w.pair), w.pair_stride, p.gated,
                     p.highest, false, write_h, s.gate, s.ldg, p.tile, nt, s.dec_zero, s.dec_zero + 2 * p.m,

@@ -42,7 +42,10 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
     if (heuristics::decode_applies(p)) {
         const int64_t blocks = (p.h + kDecodeUnitsPerBlock - 1) / kDecodeUnitsPerBlock;
         const int64_t tiles = (p.h + p.tile - 1) / p.tile;
-        s.dec_zero = c.take<int32_t>(static_cast<size_t>(p.m * (2 + tiles)));
+        // the header first, so that one memset zeroes everything the decode kernels count in
+        s.header = reinterpret_cast<uint32_t *>(c.take<int32_t>(static_cast<size_t>(2 + p.m * (2 + tiles))));
+        s.dense_count = s.header;
+        s.dec_zero = reinterpret_cast<int32_t *>(s.header + 2);
         s.dec_list = c.take<int32_t>(static_cast<size_t>(p.m * blocks));
         s.dec_partial = c.take<float>(static_cast<size_t>(blocks * p.m * (p.dp + 1)));
     }

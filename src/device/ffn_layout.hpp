@@ -91,7 +91,8 @@ struct FfnScratch {
     void *save_g, *save_u;  // training forward: g and u per list slot (else NULL)
     int splits;             // teams per token in the fused kernel
     float *partial;         // splits x M x dp partial rows, then splits x M l1 (splits > 1)
-    int32_t *dec_zero;      // decode: row_nnz [M], list counts [M], tile counts [M x NT] (zeroed)
+    int32_t *dec_zero;      // decode: row_nnz [M], list counts [M], tile counts [M x NT], zeroed with
+                            // the header, which decode places right before them
     int32_t *dec_list;      // decode: per token, the blocks that wrote a partial row
     float *dec_partial;     // decode: per block and token a partial y row, then per block l1
 };
