@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine, over a build folder made here and carried along:
-#   scripts/gpu-check.sh [BUILD_DIR]
+#   scripts/gpu-check.sh [BUILD_DIR]       (a folder made by scripts/gpu-pack.sh, e.g. build-gpu)
 # Environment: TW_STAGES (default "tests sanitize bench demo"), TW_SUITE (bench suite, default
 # full), TW_BENCH_FILTER (Google Benchmark filter). Reports the GPU, runs every test binary
 # (CTest files hold this machine's absolute paths, so the binaries are run directly; the CUDA
