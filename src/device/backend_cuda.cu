@@ -5,6 +5,7 @@
 // report CAPACITY_EXCEEDED, statistics) synchronise the handle's stream (host_staged.hpp).
 #include <cuda_runtime.h>
 
+#include "common/pointer_check.hpp"
 #include "ffn_backward.hpp"
 #include "ffn_forward.hpp"
 #include "ffn_state.hpp"
@@ -54,6 +55,9 @@ class CudaBackend final : public Backend {
     }
     twStatus_t dense_to_sparse_convert(const twDnMatDescr &in, const twSpMatDescr &out, twConvertOp_t op,
                                        void *workspace) override {
+        cuda::require_device_accessible(in.values, "in");
+        cuda::require_device_accessible(out.buffer, "out");
+        cuda::require_device_accessible(workspace, "workspace");
         cuda::write_sparse(stream(), cuda::matrix_arg(in), op, out, workspace);
         return staged_.capacity_status(stream(), out);
     }

@@ -75,8 +75,12 @@ class CallGraphs {
         launch(*e, stream);
     }
 
-    /// Graphs held now (tests and statistics).
-    size_t size() const { return entries_.size(); }
+    /// Whether `key` was seen before (its arguments were checked then).
+    bool seen(const CallKey &key) const {
+        for (const Entry &e : entries_)
+            if (e.key == key) return true;
+        return false;
+    }
 
   private:
     struct Entry {

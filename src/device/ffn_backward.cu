@@ -19,6 +19,7 @@
 
 #include "common/dispatch.hpp"
 #include "common/matrix_arg.hpp"
+#include "common/pointer_check.hpp"
 #include "gemm/gathered_gemm.hpp"
 #include "heuristics.hpp"
 #include "kernels/bwd_recompute.cuh"
@@ -253,6 +254,14 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
                   const twDnMatDescr &dwu, const twDnMatDescr &dwd, void *workspace) {
     CudaFfnState &st = state_of(ffn);
     const FfnProblem p = problem_of(ffn, x.rows);
+    require_device_accessible(x.values, "X");
+    require_device_accessible(saved, "saved");
+    require_device_accessible(dy.values, "dY");
+    require_device_accessible(dx.values, "dX");
+    if (dwg) require_device_accessible(dwg->values, "dWgate");
+    require_device_accessible(dwu.values, "dWup");
+    require_device_accessible(dwd.values, "dWdown");
+    require_device_accessible(workspace, "workspace");
     const TrainScratch s = carve_train_scratch(workspace, p, nullptr);
     const FfnWeights w = st.weights(p);
     BackwardArgs b{};

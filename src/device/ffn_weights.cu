@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/matrix_arg.hpp"
+#include "common/pointer_check.hpp"
 #include "ffn_forward.hpp"
 #include "kernels/repack.cuh"
 
@@ -32,6 +33,9 @@ void launch_repack(cudaStream_t stream, const MatrixArg &in, bool transpose, voi
 
 void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const twDnMatDescr *wg,
                         const twDnMatDescr &wu, const twDnMatDescr &wd) {
+    if (wg) require_device_accessible(wg->values, "wGate");
+    require_device_accessible(wu.values, "wUp");
+    require_device_accessible(wd.values, "wDown");
     const int64_t eb = static_cast<int64_t>(elem_bytes(p.type));
     launch_repack(stream, matrix_arg(p.gated ? *wg : wu), false, st.gate.get(), p.dp, p.h, p.dp);
     if (p.gated) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/check.hpp"
+#include "common/pointer_check.hpp"
 
 namespace twblas::cuda {
 
@@ -51,23 +52,28 @@ struct StagedSparse {
 }  // namespace
 
 twSpMatInfo_t HostStaged::sparse_info(cudaStream_t stream, const twSpMatDescr &s) {
+    require_device_accessible(s.buffer, "descr");
     StagedSparse h(stream, s);
     return ref_.sparse_info(h.d);
 }
 
 void HostStaged::sparse_validate(cudaStream_t stream, const twSpMatDescr &s) {
+    require_device_accessible(s.buffer, "descr");
     StagedSparse h(stream, s);
     ref_.sparse_validate(h.d);
 }
 
 twStatus_t HostStaged::dense_to_sparse_analysis(cudaStream_t stream, const twDnMatDescr &in, const twSpMatDescr &out,
                                                 twConvertOp_t op) {
+    require_device_accessible(in.values, "in");
     StagedDense h(stream, in);
     std::vector<uint8_t> stamp(ref_.dense_to_sparse_workspace(h.d, out));
     return ref_.dense_to_sparse_analysis(h.d, out, op, stamp.data());
 }
 
 twStatus_t HostStaged::sparse_to_dense(cudaStream_t stream, const twSpMatDescr &in, const twDnMatDescr &out) {
+    require_device_accessible(in.buffer, "in");
+    require_device_accessible(out.values, "out");
     StagedSparse hi(stream, in);
     StagedDense ho(stream, out);
     const twStatus_t st = ref_.sparse_to_dense(hi.d, ho.d);
@@ -76,6 +82,8 @@ twStatus_t HostStaged::sparse_to_dense(cudaStream_t stream, const twSpMatDescr &
 }
 
 twStatus_t HostStaged::sparse_convert(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out) {
+    require_device_accessible(in.buffer, "in");
+    require_device_accessible(out.buffer, "out");
     StagedSparse hi(stream, in), ho(stream, out);
     const twStatus_t st = ref_.sparse_convert(hi.d, ho.d);
     ho.buf.write_back();
@@ -83,6 +91,8 @@ twStatus_t HostStaged::sparse_convert(cudaStream_t stream, const twSpMatDescr &i
 }
 
 twStatus_t HostStaged::sparse_transpose(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out) {
+    require_device_accessible(in.buffer, "in");
+    require_device_accessible(out.buffer, "out");
     StagedSparse hi(stream, in), ho(stream, out);
     const twStatus_t st = ref_.sparse_transpose(hi.d, ho.d);
     ho.buf.write_back();

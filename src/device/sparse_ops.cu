@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/pointer_check.hpp"
 #include "common/workspace.hpp"
 #include "kernels/sparse_containers.cuh"
 
@@ -62,6 +63,10 @@ size_t gemm_to_sparse_workspace(const twDnMatDescr &a, const twDnMatDescr &b, co
 
 void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, float alpha, const twDnMatDescr &a, const twDnMatDescr &b,
                     const twSpMatDescr &c, twConvertOp_t act, void *workspace) {
+    require_device_accessible(a.values, "A");
+    require_device_accessible(b.values, "B");
+    require_device_accessible(c.buffer, "C");
+    require_device_accessible(workspace, "workspace");
     const GemmScratch s = carve_gemm_scratch(a, b, c, workspace);
     const int64_t ldz = std::max<int64_t>(1, (b.rows + 7) / 8 * 8);
     gemm.run(stream, alpha, {a.values, a.rows, a.cols, a.ld, a.order, a.type}, {b.values, b.rows, b.cols, b.ld, b.order, b.type},
@@ -101,6 +106,9 @@ void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, co
 void spmm(cudaStream_t stream, float alpha, const twSpMatDescr &s, const MatrixArg &w, float beta,
           const MatrixArg &y) {
     if (y.rows == 0 || y.cols == 0) return;
+    require_device_accessible(s.buffer, "S");
+    require_device_accessible(w.ptr, "W");
+    require_device_accessible(y.ptr, "Y");
     spmm_rows<<<static_cast<unsigned>(y.rows), kSpmmThreads, 0, stream>>>(alpha, sparse_args(s),
                                                                          s.format == TW_FORMAT_TWELL, w, beta, y);
     check_launch("spmm_rows");

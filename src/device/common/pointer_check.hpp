@@ -1,0 +1,27 @@
+// Where a descriptor meets the CUDA backend: its memory must be reachable by kernels (device,
+// managed, or pinned host memory). Plain malloc'd memory would fault inside a kernel; it is an
+// INVALID_VALUE naming the argument instead. One query per pointer: the callers check once per
+// object or per argument set, never on a replayed call.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "check.hpp"
+
+namespace twblas::cuda {
+
+inline void require_device_accessible(const void *ptr, const char *name) {
+    if (!ptr) return;  // NULL is the C boundary's business
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        fail(TW_STATUS_INVALID_VALUE, "%s: not memory the CUDA device can reach (%s); a CUDA handle needs device memory",
+             name, cudaGetErrorString(e));
+    }
+    if (attr.type == cudaMemoryTypeUnregistered)
+        fail(TW_STATUS_INVALID_VALUE,
+             "%s: host memory that is not registered with CUDA; a CUDA handle needs device (or pinned) memory", name);
+}
+
+}  // namespace twblas::cuda
