@@ -154,3 +154,49 @@ TEST_CASE("CUDA training: gradients agree with finite differences of the GPU for
         }
     }
 }
+
+TEST_CASE("CUDA training: a corrupted saved state never faults the backward", "[cuda][train][errors]") {
+    // the CUDA backward cannot return a status that depends on the saved bytes without a sync:
+    // every count and unit id it reads is clamped or skipped instead (gpu-check runs this case
+    // under compute-sanitizer memcheck, which reports any out-of-bounds access)
+    TrainCase c;
+    c.m = 96;
+    c.d = 64;
+    c.h = 300;
+    const TrainData data = make_data(c);
+    Handle h(TW_BACKEND_CUDA);
+    Buffers buf(TW_BACKEND_CUDA);
+    Dense x(c.m, c.d, c.type), y(c.m, c.d, c.type), dy(c.m, c.d, c.type), dx(c.m, c.d, c.type);
+    Dense wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type);
+    Dense dwg(c.h, c.d, c.type), dwu(c.h, c.d, c.type), dwd(c.h, c.d, c.type);
+    x.fill(data.x), dy.fill(data.dy), wg.fill(data.wg), wu.fill(data.wu), wd.fill(data.wd);
+    const twDnMatDescr_t X = buf.input(x), Y = buf.output(y), DY = buf.input(dy), DX = buf.output(dx);
+    const twDnMatDescr_t DWG = buf.output(dwg), DWU = buf.output(dwu), DWD = buf.output(dwd);
+    twFfnDescr_t ffn = nullptr;
+    TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, buf.input(wg), buf.input(wu), buf.input(wd)));
+    size_t saved_bytes = 0, fw = 0, bw = 0;
+    TW_REQUIRE_OK(h, twSpGEMMFusedSaved_bufferSize(h, ffn, c.m, &saved_bytes));
+    TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y, &fw));
+    TW_REQUIRE_OK(h, twSpGEMMFusedBackward_bufferSize(h, ffn, c.m, &bw));
+    auto *saved = static_cast<uint8_t *>(buf.memory(saved_bytes));
+    void *wsf = buf.memory(fw), *wsb = buf.memory(bw);
+    const size_t header = 256;  // the saved state's header (SavedLayout::header) stays intact
+    REQUIRE(saved_bytes > header);
+    std::mt19937_64 rng(123);
+    for (int trial = 0; trial < 4; ++trial) {
+        TW_REQUIRE_OK(h, twSpGEMMFusedForwardTrain(h, ffn, X, Y, saved, wsf));
+        if (trial == 0) {
+            cuda_ok(cudaMemset(saved + header, 0xff, saved_bytes - header));
+        } else {
+            std::vector<uint8_t> noise(saved_bytes - header);
+            for (uint8_t &b : noise) b = static_cast<uint8_t>(rng());
+            if (trial == 2)  // mostly valid: a few counts and unit ids out of range
+                for (size_t i = 0; i < noise.size(); ++i) noise[i] = i % 97 == 0 ? 0xff : 0;
+            cuda_ok(cudaMemcpy(saved + header, noise.data(), noise.size(), cudaMemcpyHostToDevice));
+        }
+        INFO("trial " << trial);
+        TW_REQUIRE_OK(h, twSpGEMMFusedBackward(h, ffn, X, saved, DY, 1e-3f, DX, DWG, DWU, DWD, wsb));
+        cuda_ok(cudaDeviceSynchronize());
+    }
+    twDestroyFfn(ffn);
+}
