@@ -201,8 +201,9 @@ TEST_CASE("forward: deterministic mode gives identical bits run to run and sorte
     }
 }
 
-// ---- non-finite values (twblas.h, twSpGEMMFused): light rows with DETERMINISTIC = 1, so that
-// every token takes the sparse path on either backend ---------------------------------------------
+// ---- non-finite values (twblas.h, twSpGEMMFused): light rows (no TwELL tile over capacity, at
+// most 64 active units) with DETERMINISTIC = 1 (no cuBLAS paths), so that every token takes the
+// sparse path on either backend --------------------------------------------------------------------
 
 namespace {
 
@@ -224,6 +225,13 @@ std::vector<int64_t> units_inactive_everywhere(const FfnCase &c, const FfnData &
 /// Row j of an H x D weight (row-major) set to `v`, or to `v` and `w` alternately.
 void set_row(std::vector<float> &weight, int64_t d, int64_t j, float v, float w) {
     for (int64_t k = 0; k < d; ++k) weight[static_cast<size_t>(j * d + k)] = k % 2 ? w : v;
+}
+
+/// Every token of the run was light enough for the CUDA backend's sparse path: no tile over
+/// capacity, and at most max(H / 32, 64) = 64 active units at H = 600.
+void require_sparse_path(const FfnResult &got) {
+    REQUIRE(got.stats.overflowRows == 0);
+    REQUIRE(got.stats.maxRowNnz <= 64);
 }
 
 /// The weight whose ReLU makes the sparsity: Wg (gated) or Wu (plain).
@@ -262,6 +270,7 @@ TEST_CASE("forward: an inactive unit contributes an exact zero whatever its u, W
                     set_row(data.wu, c.d, off[3], inf, -inf);
                 }
                 const FfnResult got = run_ffn(c, data, kBackend);
+                require_sparse_path(got);
                 check_forward(c, got, expected_forward(c, data));  // y finite, within the bound
                 for (size_t i = 0; i < 4; ++i) CHECK(got.counts[static_cast<size_t>(off[i])] == 0);
             }
@@ -281,6 +290,7 @@ TEST_CASE("forward: a unit whose rounded g is -0.0 is inactive", "[ffn][forward]
             c.type = TW_R_16F;
             c.gated = gated;
             c.deterministic = 1;
+            c.k = 15;
             c.seed = 43;
             FfnData data = make_data(c);
             for (int64_t i = 0; i < c.m; ++i) data.x[static_cast<size_t>(i * c.d)] = std::ldexp(1.0f, -12);
@@ -292,6 +302,7 @@ TEST_CASE("forward: a unit whose rounded g is -0.0 is inactive", "[ffn][forward]
             if (gated) set_row(data.wu, c.d, j, INFINITY, INFINITY);
             set_row(data.wd, c.d, j, NAN, NAN);
             const FfnResult got = run_ffn(c, data, kBackend);
+            require_sparse_path(got);
             check_forward(c, got, expected_forward(c, data));
             CHECK(got.counts[static_cast<size_t>(j)] == 0);
         }
@@ -316,6 +327,7 @@ TEST_CASE("forward: ReLU(NaN) is active and its NaN propagates to Y", "[ffn][for
                 const int64_t j = off[0];  // a unit that would never fire
                 gate_weight(data, gated)[static_cast<size_t>(j * c.d + 3)] = NAN;
                 const FfnResult got = run_ffn(c, data, kBackend);
+                require_sparse_path(got);
                 for (double v : got.y) REQUIRE(std::isnan(v));
                 CHECK(got.counts[static_cast<size_t>(j)] == c.m);
                 CHECK(got.stats.tokens == c.m);

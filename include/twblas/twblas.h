@@ -279,10 +279,10 @@ TWBLAS_API twStatus_t twSpGEMMFused_bufferSize(twHandle_t h, twFfnDescr_t ffn, t
  *  or NaN (dense IEEE math would give 0 * Inf = NaN): they are not read for that token.
  *  ReLU(NaN) is NaN, as in torch.relu: a unit whose g is NaN is active (counted in the
  *  statistics) and its NaN h propagates to the token's whole row of Y. The CPU backend holds this
- *  for every token, the CUDA backend for the tokens of its sparse path; the tokens it computes
- *  densely (those counted in twFfnStats_t::overflowRows, and every token once a
- *  non-deterministic FFN has switched to dense projections) multiply the zero h of inactive
- *  units by their Wd rows, so there a non-finite Wd row gives NaN. */
+ *  for every token, the CUDA backend for the tokens of its sparse path only: the tokens it
+ *  computes densely (a TwELL tile over capacity, very many active units, or dense projections
+ *  chosen by a non-deterministic FFN) multiply the zero h of inactive units by their Wd rows,
+ *  so there a non-finite Wd row gives NaN. */
 TWBLAS_API twStatus_t twSpGEMMFused(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
                                     twDnMatDescr_t Y, twSpMatDescr_t hidden, void *workspace);
 
