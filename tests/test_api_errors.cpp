@@ -472,8 +472,9 @@ TEST_CASE("status names, strings and the version", "[api][errors]") {
                            "TW_STATUS_ALLOC_FAILED",    "TW_STATUS_INVALID_VALUE",
                            "TW_STATUS_ARCH_MISMATCH",   "TW_STATUS_EXECUTION_FAILED",
                            "TW_STATUS_INTERNAL_ERROR",  "TW_STATUS_NOT_SUPPORTED",
-                           "TW_STATUS_INSUFFICIENT_WORKSPACE", "TW_STATUS_CAPACITY_EXCEEDED"};
-    for (int s = 0; s <= 9; ++s) {
+                           "TW_STATUS_INSUFFICIENT_WORKSPACE", "TW_STATUS_CAPACITY_EXCEEDED",
+                           "TW_STATUS_INCOMPLETE_INPUT"};
+    for (int s = 0; s <= 10; ++s) {
         const twStatus_t st = static_cast<twStatus_t>(s);
         INFO("status " << s);
         REQUIRE(twGetStatusName(st) != nullptr);
@@ -482,7 +483,7 @@ TEST_CASE("status names, strings and the version", "[api][errors]") {
         CHECK(std::strlen(twGetStatusString(st)) > 0);
     }
     CHECK(std::string(twGetStatusName(TW_STATUS_INVALID_VALUE)) == "TW_STATUS_INVALID_VALUE");
-    for (int s : {-1, 10, 42, 1 << 30}) {
+    for (int s : {-1, 11, 42, 1 << 30}) {
         INFO("unknown status " << s);
         const char *n = twGetStatusName(static_cast<twStatus_t>(s));
         REQUIRE(n != nullptr);
@@ -1001,7 +1002,7 @@ TEST_CASE("conversions", "[api][errors]") {
         .objects("out", &S2DArgs::out)
         .bad("out has 5 rows", [&](S2DArgs &x) { x.out = out5.d; }, kInvalid, {"out"})
         .bad("out fp32, in bf16", [&](S2DArgs &x) { x.out = out32.d; }, kNotSupported, {"out"})
-        .bad("in records rows it could not hold", [&](S2DArgs &x) { x.in = over.d; }, TW_STATUS_CAPACITY_EXCEEDED)
+        .bad("in records rows it could not hold", [&](S2DArgs &x) { x.in = over.d; }, TW_STATUS_INCOMPLETE_INPUT)
         .run();
 
     struct SpSpArgs {
@@ -1482,7 +1483,7 @@ TEST_CASE("building blocks: GEMM to sparse and SpMM", "[api][errors]") {
     spmm_cases(spmm);
     workspace_case(spmm, sbytes, "twSpMM").run();
 
-    {  // twSpMM with an S that records overflowed rows: CAPACITY_EXCEEDED, Y untouched
+    {  // twSpMM with an S that records overflowed rows: INCOMPLETE_INPUT, Y untouched
         constexpr int64_t R = 4, C = 100, N = 8;
         Dn full = f.dense("S dense, every element non-zero", R, C, TW_R_16BF, Fill::Full);
         Sp over = f.twell("overflowed S", R, C, 64, 8);
@@ -1494,7 +1495,7 @@ TEST_CASE("building blocks: GEMM to sparse and SpMM", "[api][errors]") {
         void *ws = f.workspace(n);
         const Fixture::Snapshot before = f.snapshot();
         const twStatus_t st = twSpMM(f.h, 1.0f, over.d, w.d, 0.0f, yo.d, ws);
-        check_failure("twSpMM: S records rows it could not hold", TW_STATUS_CAPACITY_EXCEEDED, {}, st,
+        check_failure("twSpMM: S records rows it could not hold", TW_STATUS_INCOMPLETE_INPUT, {}, st,
                       error_message(f.h), f.changed_since(before));
     }
 }

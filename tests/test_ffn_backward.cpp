@@ -296,4 +296,70 @@ TEST_CASE("backward rejects a saved state from another problem", "[ffn][backward
     CHECK(f.DX->storage == before);
 }
 
+TEST_CASE("backward: an inactive unit adds exact zeros whatever its u, Wu row and Wd row hold",
+          "[ffn][backward][nonfinite]") {
+    // Units that never fire get non-finite Wu rows (so non-finite u) and Wd rows: dense IEEE math
+    // would give 0 * Inf = NaN in dh, dX and the weight gradients; the sparse backward never
+    // reads them, so the gradients match the naive ones (which skip inactive units) and the
+    // units' gradient rows are exact zeros.
+    const float inf = INFINITY, nan = NAN;
+    for (bool gated : {true, false})
+        for (twDataType_t type : {TW_R_32F, TW_R_16BF}) {
+            DYNAMIC_SECTION((gated ? "gated " : "plain ") << (type == TW_R_32F ? "fp32" : "bf16")) {
+                tt::FfnProblem p = problem(7, 48, 520, tt::Profile::Uniform, 10, gated, gated ? 61 : 62);
+                const int64_t m = 7, d = 48, hd = 520;
+                std::vector<float> &gate = gated ? p.w_gate : p.w_up;
+                const NaiveFfn n = naive_ffn(m, d, hd, rounded(p.x, type), gated ? rounded(gate, type) : std::vector<float>(),
+                                             rounded(p.w_up, type), rounded(p.w_down, type), nullptr);
+                std::vector<int64_t> off;
+                for (int64_t j = 0; j < hd && off.size() < 4; ++j) {
+                    bool never = true;
+                    for (int64_t t = 0; t < m && never; ++t) never = n.z[static_cast<size_t>(t * hd + j)] < -0.05;
+                    if (never) off.push_back(j);
+                }
+                REQUIRE(off.size() == 4);
+                auto set_row = [&](std::vector<float> &w, int64_t j, float a, float b) {
+                    for (int64_t k = 0; k < d; ++k) w[static_cast<size_t>(j * d + k)] = k % 2 ? b : a;
+                };
+                set_row(p.w_down, off[0], nan, nan);
+                set_row(p.w_down, off[1], inf, -inf);
+                set_row(p.w_down, off[2], -inf, nan);
+                set_row(p.w_down, off[3], nan, inf);
+                set_row(gate, off[3], 0.0f, 0.0f);  // g = +0 exactly
+                if (gated) {
+                    set_row(p.w_up, off[0], inf, inf);
+                    set_row(p.w_up, off[1], nan, nan);
+                    set_row(p.w_up, off[2], -inf, inf);
+                    set_row(p.w_up, off[3], inf, -inf);
+                }
+                const twComputeMode_t mode = type == TW_R_32F ? TW_COMPUTE_HIGHEST_PRECISION : TW_COMPUTE_DEFAULT;
+                TrainFixture f(p, type, mode);
+                f.run(0.05f);
+                for (double v : f.DX->to_double()) REQUIRE(std::isfinite(v));
+                f.check_against_naive(0.05f, type == TW_R_32F ? 1e-4 : 8 * unit_roundoff(type));
+                for (int64_t j : off)
+                    for (int64_t k = 0; k < d; ++k) {
+                        INFO("unit " << j << ", column " << k);
+                        REQUIRE(f.DWD->bits(j, k) == 0u);
+                        REQUIRE(f.DWU->bits(j, k) == 0u);
+                        if (gated) REQUIRE(f.DWG->bits(j, k) == 0u);
+                    }
+            }
+        }
+}
+
+TEST_CASE("backward: a unit whose g is NaN propagates NaN", "[ffn][backward][nonfinite]") {
+    for (bool gated : {true, false}) {
+        DYNAMIC_SECTION((gated ? "gated" : "plain")) {
+            tt::FfnProblem p = problem(7, 48, 520, tt::Profile::Uniform, 10, gated, 63);
+            const int64_t j = 17, d = 48;
+            (gated ? p.w_gate : p.w_up)[static_cast<size_t>(j * d + 5)] = NAN;  // g = NaN for every token
+            TrainFixture f(p, TW_R_32F, TW_COMPUTE_HIGHEST_PRECISION);
+            f.run(0.05f);
+            for (int64_t k = 0; k < d; ++k) CHECK(std::isnan(f.DWD->get(j, k)));  // dWd_j = sum_t h_tj dY_t, h = NaN
+            for (int64_t t = 0; t < f.m; ++t) CHECK(std::isnan(f.DX->get(t, 5)));  // through the NaN weight or du = dh g
+        }
+    }
+}
+
 #endif  // !TWTEST_BACKEND_CUDA

@@ -201,6 +201,141 @@ TEST_CASE("forward: deterministic mode gives identical bits run to run and sorte
     }
 }
 
+// ---- non-finite values (twblas.h, twSpGEMMFused): light rows (no TwELL tile over capacity, at
+// most 64 active units) with DETERMINISTIC = 1 (no cuBLAS paths), so that every token takes the
+// sparse path on either backend --------------------------------------------------------------------
+
+namespace {
+
+/// The units whose ReLU input is below -0.05 for every token (the naive fp64 pre-activation on
+/// the rounded data: no rounding of either backend makes them fire).
+std::vector<int64_t> units_inactive_everywhere(const FfnCase &c, const FfnData &data) {
+    const twDataType_t t = c.type;
+    const NaiveFfn n = naive_ffn(c.m, c.d, c.h, rounded(data.x, t), data.wg.empty() ? data.wg : rounded(data.wg, t),
+                                 rounded(data.wu, t), rounded(data.wd, t), nullptr);
+    std::vector<int64_t> units;
+    for (int64_t j = 0; j < c.h; ++j) {
+        bool off = true;
+        for (int64_t i = 0; i < c.m && off; ++i) off = n.z[static_cast<size_t>(i * c.h + j)] < -0.05;
+        if (off) units.push_back(j);
+    }
+    return units;
+}
+
+/// Row j of an H x D weight (row-major) set to `v`, or to `v` and `w` alternately.
+void set_row(std::vector<float> &weight, int64_t d, int64_t j, float v, float w) {
+    for (int64_t k = 0; k < d; ++k) weight[static_cast<size_t>(j * d + k)] = k % 2 ? w : v;
+}
+
+/// Every token of the run was light enough for the CUDA backend's sparse path: no tile over
+/// capacity, and at most max(H / 32, 64) = 64 active units at H = 600.
+void require_sparse_path(const FfnResult &got) {
+    REQUIRE(got.stats.overflowRows == 0);
+    REQUIRE(got.stats.maxRowNnz <= 64);
+}
+
+/// The weight whose ReLU makes the sparsity: Wg (gated) or Wu (plain).
+std::vector<float> &gate_weight(FfnData &data, bool gated) { return gated ? data.wg : data.wu; }
+
+}  // namespace
+
+TEST_CASE("forward: an inactive unit contributes an exact zero whatever its u, Wu row and Wd row hold",
+          "[ffn][forward][nonfinite]" TWTEST_BACKEND_TAG) {
+    // Dense IEEE math would give 0 * Inf = NaN for each of these units; the sparse FFN never reads
+    // them. Y must stay finite and match the oracle, which skips inactive units.
+    const float inf = INFINITY, nan = NAN;
+    for (twDataType_t type : {TW_R_16BF, TW_R_32F})
+        for (bool gated : {true, false}) {
+            DYNAMIC_SECTION((type == TW_R_32F ? "fp32 " : "bf16 ") << (gated ? "gated" : "plain")) {
+                FfnCase c;
+                c.m = 6, c.d = 64, c.h = 600;
+                c.type = type;
+                c.gated = gated;
+                c.deterministic = 1;
+                c.seed = gated ? 41 : 42;
+                FfnData data = make_data(c);
+                const std::vector<int64_t> off = units_inactive_everywhere(c, data);
+                REQUIRE(off.size() >= 4);
+                // three units that never fire, with non-finite Wd rows (and Wu rows when gated,
+                // which make their u non-finite), and a fourth whose gate row is zero (g = +0)
+                set_row(data.wd, c.d, off[0], nan, nan);
+                set_row(data.wd, c.d, off[1], inf, -inf);
+                set_row(data.wd, c.d, off[2], -inf, nan);
+                set_row(data.wd, c.d, off[3], nan, inf);
+                set_row(gate_weight(data, gated), c.d, off[3], 0.0f, 0.0f);
+                if (gated) {
+                    set_row(data.wu, c.d, off[0], inf, inf);
+                    set_row(data.wu, c.d, off[1], nan, nan);
+                    set_row(data.wu, c.d, off[2], -inf, inf);
+                    set_row(data.wu, c.d, off[3], inf, -inf);
+                }
+                const FfnResult got = run_ffn(c, data, kBackend);
+                require_sparse_path(got);
+                check_forward(c, got, expected_forward(c, data));  // y finite, within the bound
+                for (size_t i = 0; i < 4; ++i) CHECK(got.counts[static_cast<size_t>(off[i])] == 0);
+            }
+        }
+}
+
+TEST_CASE("forward: a unit whose rounded g is -0.0 is inactive", "[ffn][forward][nonfinite]" TWTEST_BACKEND_TAG) {
+    // fp16 DEFAULT: x[:, 0] = 2^-12 and the unit's gate row (-2^-14, 0, ..., 0) give z = -2^-26,
+    // which rounds to -0.0 in fp16. With an infinite Wu row and a NaN Wd row the unit would turn
+    // Y into NaN if -0.0 counted as active (-0 * Inf = NaN).
+    REQUIRE(std::signbit(twblas::round_to(TW_R_16F, -std::ldexp(1.0f, -26))));
+    REQUIRE(twblas::round_to(TW_R_16F, -std::ldexp(1.0f, -26)) == 0.0f);
+    for (bool gated : {true, false}) {
+        DYNAMIC_SECTION((gated ? "gated" : "plain")) {
+            FfnCase c;
+            c.m = 5, c.d = 64, c.h = 600;
+            c.type = TW_R_16F;
+            c.gated = gated;
+            c.deterministic = 1;
+            c.k = 15;
+            c.seed = 43;
+            FfnData data = make_data(c);
+            for (int64_t i = 0; i < c.m; ++i) data.x[static_cast<size_t>(i * c.d)] = std::ldexp(1.0f, -12);
+            const std::vector<int64_t> off = units_inactive_everywhere(c, data);
+            REQUIRE(!off.empty());
+            const int64_t j = off[0];
+            set_row(gate_weight(data, gated), c.d, j, 0.0f, 0.0f);
+            gate_weight(data, gated)[static_cast<size_t>(j * c.d)] = -std::ldexp(1.0f, -14);
+            if (gated) set_row(data.wu, c.d, j, INFINITY, INFINITY);
+            set_row(data.wd, c.d, j, NAN, NAN);
+            const FfnResult got = run_ffn(c, data, kBackend);
+            require_sparse_path(got);
+            check_forward(c, got, expected_forward(c, data));
+            CHECK(got.counts[static_cast<size_t>(j)] == 0);
+        }
+    }
+}
+
+TEST_CASE("forward: ReLU(NaN) is active and its NaN propagates to Y", "[ffn][forward][nonfinite]" TWTEST_BACKEND_TAG) {
+    // a NaN in a gate row makes that unit's g NaN for every token (NaN * x is NaN, x = 0 too):
+    // the unit fires for every token (as torch.relu passes NaN) and h = NaN reaches every y
+    for (twDataType_t type : {TW_R_16BF, TW_R_32F})
+        for (bool gated : {true, false}) {
+            DYNAMIC_SECTION((type == TW_R_32F ? "fp32 " : "bf16 ") << (gated ? "gated" : "plain")) {
+                FfnCase c;
+                c.m = 4, c.d = 64, c.h = 600;
+                c.type = type;
+                c.gated = gated;
+                c.deterministic = 1;
+                c.seed = 44;
+                FfnData data = make_data(c);
+                const std::vector<int64_t> off = units_inactive_everywhere(c, data);
+                REQUIRE(!off.empty());
+                const int64_t j = off[0];  // a unit that would never fire
+                gate_weight(data, gated)[static_cast<size_t>(j * c.d + 3)] = NAN;
+                const FfnResult got = run_ffn(c, data, kBackend);
+                require_sparse_path(got);
+                for (double v : got.y) REQUIRE(std::isnan(v));
+                CHECK(got.counts[static_cast<size_t>(j)] == c.m);
+                CHECK(got.stats.tokens == c.m);
+                CHECK(got.stats.maxRowNnz >= 1);
+            }
+        }
+}
+
 // ---- the CPU reference alone ------------------------------------------------------------------
 #if !defined(TWTEST_BACKEND_CUDA)
 

@@ -165,7 +165,7 @@ TEST_CASE("a TwELL tile over capacity is flagged and recorded, never silently dr
     Dense back(3, 300, TW_R_16BF);
     back.poison();
     const auto before = back.storage;
-    CHECK(twSparseToDense(h, *tw, back) == TW_STATUS_CAPACITY_EXCEEDED);
+    CHECK(twSparseToDense(h, *tw, back) == TW_STATUS_INCOMPLETE_INPUT);
     CHECK(back.storage == before);
 
     // with C = 2 (127 slots) the same data fits
@@ -189,7 +189,7 @@ TEST_CASE("a hybrid with too few backup rows records every heavy row", "[formats
     CHECK(info.overflowRows == 3);  // recorded past the capacity of 2
     CHECK(info.nnz == 3 + 20 + 20);
     Dense back(4, 40, TW_R_16BF);
-    CHECK(twSparseToDense(h, *hy, back) == TW_STATUS_CAPACITY_EXCEEDED);
+    CHECK(twSparseToDense(h, *hy, back) == TW_STATUS_INCOMPLETE_INPUT);
 }
 
 TEST_CASE("the validator reports the first violation of a corrupted TwELL buffer", "[formats][validate]") {

@@ -105,6 +105,7 @@ const char *twGetStatusName(twStatus_t status) {
         case TW_STATUS_NOT_SUPPORTED: return "TW_STATUS_NOT_SUPPORTED";
         case TW_STATUS_INSUFFICIENT_WORKSPACE: return "TW_STATUS_INSUFFICIENT_WORKSPACE";
         case TW_STATUS_CAPACITY_EXCEEDED: return "TW_STATUS_CAPACITY_EXCEEDED";
+        case TW_STATUS_INCOMPLETE_INPUT: return "TW_STATUS_INCOMPLETE_INPUT";
     }
     return "TW_STATUS_<unknown>";
 }
@@ -121,6 +122,7 @@ const char *twGetStatusString(twStatus_t status) {
         case TW_STATUS_NOT_SUPPORTED: return "The request is valid but not supported by this build or backend.";
         case TW_STATUS_INSUFFICIENT_WORKSPACE: return "The workspace is smaller than the routine needs.";
         case TW_STATUS_CAPACITY_EXCEEDED: return "A sparse container was too small for the data; see twSpMatGetInfo.";
+        case TW_STATUS_INCOMPLETE_INPUT: return "A sparse input records rows it could not hold, so no exact result exists.";
     }
     return "Unknown twblas status value.";
 }

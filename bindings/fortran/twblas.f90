@@ -42,6 +42,7 @@ module twblas
     integer(c_int), parameter, public :: TW_STATUS_NOT_SUPPORTED = 7
     integer(c_int), parameter, public :: TW_STATUS_INSUFFICIENT_WORKSPACE = 8
     integer(c_int), parameter, public :: TW_STATUS_CAPACITY_EXCEEDED = 9
+    integer(c_int), parameter, public :: TW_STATUS_INCOMPLETE_INPUT = 10
 
     ! ---- twBackend_t --------------------------------------------------------------------------
     integer(c_int), parameter, public :: TW_BACKEND_DEFAULT = 0

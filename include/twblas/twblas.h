@@ -43,7 +43,9 @@ typedef enum {
     TW_STATUS_INTERNAL_ERROR = 6,        /**< a bug in twblas; please report it */
     TW_STATUS_NOT_SUPPORTED = 7,         /**< valid, but not built or not supported */
     TW_STATUS_INSUFFICIENT_WORKSPACE = 8,/**< the workspace given is smaller than needed */
-    TW_STATUS_CAPACITY_EXCEEDED = 9      /**< a sparse container was too small (formats.md) */
+    TW_STATUS_CAPACITY_EXCEEDED = 9,     /**< a sparse container was too small (formats.md) */
+    TW_STATUS_INCOMPLETE_INPUT = 10      /**< a sparse input records rows it could not hold
+                                              (formats.md): no exact result exists */
 } twStatus_t;
 
 /** Name of a status, e.g. "TW_STATUS_INVALID_VALUE"; "TW_STATUS_<unknown>" for other values. */
@@ -201,16 +203,18 @@ TWBLAS_API twStatus_t twDenseToSparse_analysis(twHandle_t h, twDnMatDescr_t in,
 TWBLAS_API twStatus_t twDenseToSparse_convert(twHandle_t h, twDnMatDescr_t in,
                                               twSpMatDescr_t out, twConvertOp_t op,
                                               void *workspace);
-/** Writes every element of `out` (same size and value type). CAPACITY_EXCEEDED, with `out`
+/** Writes every element of `out` (same size and value type). INCOMPLETE_INPUT, with `out`
  *  untouched, when `in` records rows that it could not hold (the result would not be exact). */
 TWBLAS_API twStatus_t twSparseToDense(twHandle_t h, twSpMatDescr_t in, twDnMatDescr_t out);
 /** Re-packs a sparse matrix into another container of the same size and value type
  *  (TwELL -> hybrid, hybrid -> TwELL, or between parameters). CAPACITY_EXCEEDED as for
- *  twDenseToSparse_convert. */
+ *  twDenseToSparse_convert when `out` cannot hold every row (`out` records them);
+ *  INCOMPLETE_INPUT, with `out` untouched, when `in` records rows that it could not hold. */
 TWBLAS_API twStatus_t twSparseConvert(twHandle_t h, twSpMatDescr_t in, twSpMatDescr_t out);
 /** out = in^T (in: rows x cols, out: cols x rows; same value type). The columns of `out`
  *  are the rows of `in`, hence rows of `in` <= 65536. CAPACITY_EXCEEDED as for
- *  twDenseToSparse_convert when `out` cannot hold the transposed rows. */
+ *  twDenseToSparse_convert when `out` cannot hold the transposed rows; INCOMPLETE_INPUT, with
+ *  `out` untouched, when `in` records rows that it could not hold. */
 TWBLAS_API twStatus_t twSparseTranspose(twHandle_t h, twSpMatDescr_t in, twSpMatDescr_t out);
 /**@}*/
 
@@ -267,7 +271,18 @@ TWBLAS_API twStatus_t twSpGEMMFused_bufferSize(twHandle_t h, twFfnDescr_t ffn, t
 /** Forward (inference): Y = FFN(X). X, Y: M x D, the weights' value type. hidden: optional
  *  (NULL) M x H TwELL or hybrid descriptor that receives h, rounded to the container's own value
  *  type; rows it cannot hold are recorded in it (twSpMatGetInfo) and Y stays exact. Exact for
- *  any sparsity pattern. The workspace size comes from twSpGEMMFused_bufferSize. */
+ *  any sparsity pattern. The workspace size comes from twSpGEMMFused_bufferSize.
+ *
+ *  Non-finite values: unit j is active for a token when its ReLU input g (X Wg^T gated,
+ *  X Wu^T plain, rounded as the compute mode says) is > 0 or NaN; +0 and -0 are inactive. An
+ *  inactive unit contributes an exact zero, even when its u, its Wu row or its Wd row holds Inf
+ *  or NaN (dense IEEE math would give 0 * Inf = NaN): they are not read for that token.
+ *  ReLU(NaN) is NaN, as in torch.relu: a unit whose g is NaN is active (counted in the
+ *  statistics) and its NaN h propagates to the token's whole row of Y. The CPU backend holds this
+ *  for every token, the CUDA backend for the tokens of its sparse path only: the tokens it
+ *  computes densely (a TwELL tile over capacity, very many active units, or dense projections
+ *  chosen by a non-deterministic FFN) multiply the zero h of inactive units by their Wd rows,
+ *  so there a non-finite Wd row gives NaN. */
 TWBLAS_API twStatus_t twSpGEMMFused(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
                                     twDnMatDescr_t Y, twSpMatDescr_t hidden, void *workspace);
 
@@ -308,7 +323,13 @@ TWBLAS_API twStatus_t twSpGEMMFusedBackward_bufferSize(twHandle_t h, twFfnDescr_
                                                        int64_t tokens, size_t *bytes);
 /** dX (M x D) and dWgate, dWup, dWdown (each logical H x D, any order; dWgate NULL for
  *  TW_FFN_RELU) from X, the saved state of the forward on X, and dY. Outputs are overwritten.
- *  l1Coeff adds l1Coeff * d(mean_t sum_j |h_tj|) (the paper's L1 regulariser). */
+ *  l1Coeff adds l1Coeff * d(mean_t sum_j |h_tj|) (the paper's L1 regulariser). Non-finite
+ *  values as for twSpGEMMFused: an inactive unit adds exact zeros to dX and to its rows of the
+ *  weight gradients, whatever its u, Wu and Wd rows hold (CUDA: tokens of the
+ *  sparse path; the tokens it recomputes densely multiply the zero gradients of inactive units
+ *  by their Wu rows into dX). A unit whose g is NaN propagates NaN. The CPU backend checks all
+ *  of `saved` before use: a unit count, unit id or g that its forward cannot have written gives
+ *  INVALID_VALUE naming the token, with every output untouched. */
 TWBLAS_API twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
                                             const void *saved, twDnMatDescr_t dY, float l1Coeff,
                                             twDnMatDescr_t dX, twDnMatDescr_t dWgate,
@@ -335,7 +356,7 @@ TWBLAS_API twStatus_t twSpMM_bufferSize(twHandle_t h, twSpMatDescr_t S, twDnMatD
                                         twDnMatDescr_t Y, size_t *bytes);
 /** Y = alpha * S W + beta * Y (S: M x K sparse of any value type, W: K x N, Y: M x N of one
  *  type); beta == 0 does not read Y. When S records rows it could not hold: the CPU backend
- *  returns CAPACITY_EXCEEDED with Y untouched; the CUDA backend, which cannot read S's record
+ *  returns INCOMPLETE_INPUT with Y untouched; the CUDA backend, which cannot read S's record
  *  without synchronising, writes those rows of Y as NaN (never a partial sum) and
  *  twSpMatGetInfo(S).overflowRows counts them. */
 TWBLAS_API twStatus_t twSpMM(twHandle_t h, float alpha, twSpMatDescr_t S, twDnMatDescr_t W,

@@ -26,7 +26,8 @@ class Backend {
     /// Throws Error(TW_STATUS_INVALID_VALUE, first violation) when an invariant fails.
     virtual void sparse_validate(const twSpMatDescr &s) = 0;
 
-    // ---- conversions (setup calls; return CAPACITY_EXCEEDED when `out` was too small)
+    // ---- conversions (setup calls; return CAPACITY_EXCEEDED when `out` was too small; throw
+    // INCOMPLETE_INPUT, writing nothing, when a sparse `in` records rows it could not hold)
     virtual size_t dense_to_sparse_workspace(const twDnMatDescr &in, const twSpMatDescr &out) = 0;
     virtual twStatus_t dense_to_sparse_analysis(const twDnMatDescr &in, const twSpMatDescr &out,
                                                 twConvertOp_t op, void *workspace) = 0;
@@ -43,6 +44,8 @@ class Backend {
                                 const twSpMatDescr &c, twConvertOp_t act, void *workspace) = 0;
     virtual size_t spmm_workspace(const twSpMatDescr &s, const twDnMatDescr &w,
                                   const twDnMatDescr &y) = 0;
+    /// Y untouched and INCOMPLETE_INPUT (or, where the backend cannot tell without a
+    /// synchronisation, NaN rows) when S records rows it could not hold.
     virtual twStatus_t spmm(float alpha, const twSpMatDescr &s, const twDnMatDescr &w, float beta,
                             const twDnMatDescr &y, void *workspace) = 0;
 

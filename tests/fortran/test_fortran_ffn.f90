@@ -164,6 +164,8 @@ program test_fortran_ffn
     call expect(len(tw_error_message(c_null_ptr)) > 0, 'thread-local error message is set')
     call expect(tw_status_name(TW_STATUS_CAPACITY_EXCEEDED) == 'TW_STATUS_CAPACITY_EXCEEDED', &
                 'tw_status_name')
+    call expect(tw_status_name(TW_STATUS_INCOMPLETE_INPUT) == 'TW_STATUS_INCOMPLETE_INPUT', &
+                'tw_status_name of the newest status')
 
     ! ---- clean up -------------------------------------------------------------------------------
     deallocate (work, msg)

@@ -12,6 +12,7 @@
 #include "host/error.hpp"
 #include "host/numeric.hpp"
 #include "reference.hpp"
+#include "saved_state.hpp"
 #include "sparse_io.hpp"
 
 namespace twblas::reference {
@@ -147,31 +148,50 @@ struct StatsAccumulator {
     }
 };
 
-// ---- saved state of the training forward ----------------------------------------------------
-// header | row_nnz int32[M] | cols uint16[M x E] | g fp32[M x E] | u fp32[M x E]
-// Rows with more than E active units keep only their count: the backward recomputes them from X
-// (exact, the same code computes them), which keeps the saved state small.
-constexpr int64_t kSavedEllWidth = 128;
-constexpr uint64_t kSavedMagic = 0x7477736176656431ull;  // "twsaved1"
+// ---- saved state of the training forward (layout: saved_state.hpp) -------------------------
 
-struct SavedHeader {
-    uint64_t magic;
-    int64_t tokens, model_dim, hidden_dim;
-    int32_t kind, type, compute_mode, ell_width;
-};
-
-struct SavedLayout {
-    size_t row_nnz, cols, g, u, total;
-    static size_t align(size_t v) { return (v + 255) & ~static_cast<size_t>(255); }
-    explicit SavedLayout(int64_t tokens) {
-        const size_t m = static_cast<size_t>(tokens), e = static_cast<size_t>(kSavedEllWidth);
-        row_nnz = align(sizeof(SavedHeader));
-        cols = align(row_nnz + m * 4);
-        g = align(cols + m * e * 2);
-        u = align(g + m * e * 4);
-        total = align(u + m * e * 4);
+/// Checks the whole saved state before the backward uses any of it: the header, then for every
+/// token its unit count and, when the units are kept, their ids and g. Every count and id is an
+/// index in the backward; none is trusted. Throws INVALID_VALUE naming `saved`, the token and
+/// the value; nothing has been written then.
+void validate_saved(const twFfnDescr &ffn, const uint8_t *base, int64_t m) {
+    const int64_t hdim = ffn.hidden_dim;
+    SavedHeader header;
+    std::memcpy(&header, base, sizeof header);
+    if (header.magic != kSavedMagic || header.tokens != m || header.model_dim != ffn.model_dim ||
+        header.hidden_dim != hdim || header.kind != ffn.kind || header.type != ffn.type ||
+        header.compute_mode != ffn.compute_mode)
+        fail(TW_STATUS_INVALID_VALUE, "saved: not the state of twSpGEMMFusedForwardTrain with this ffn on %" PRId64
+             " tokens (and the same compute mode)", m);
+    if (header.ell_width != kSavedEllWidth)
+        fail(TW_STATUS_INVALID_VALUE, "saved: header gives %d kept units per token, this backend keeps %" PRId64,
+             header.ell_width, kSavedEllWidth);
+    const SavedLayout layout(m);
+    const auto *row_nnz = reinterpret_cast<const int32_t *>(base + layout.row_nnz);
+    const auto *cols = reinterpret_cast<const uint16_t *>(base + layout.cols);
+    const auto *g = reinterpret_cast<const float *>(base + layout.g);
+    for (int64_t t = 0; t < m; ++t) {
+        const int64_t n = row_nnz[t];
+        if (n < 0 || n > hdim)
+            fail(TW_STATUS_INVALID_VALUE, "saved: token %" PRId64 ": unit count %" PRId64 " outside [0, H = %" PRId64 "]",
+                 t, n, hdim);
+        if (n > kSavedEllWidth) continue;  // only the count is kept: the backward recomputes the token
+        const size_t at = static_cast<size_t>(t * kSavedEllWidth);
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t j = cols[at + i];
+            if (j >= hdim)
+                fail(TW_STATUS_INVALID_VALUE, "saved: token %" PRId64 ", entry %" PRId64 ": unit id %" PRId64
+                     " is not below H = %" PRId64, t, i, j, hdim);
+            if (i > 0 && j <= cols[at + i - 1])
+                fail(TW_STATUS_INVALID_VALUE, "saved: token %" PRId64 ", entry %" PRId64 ": unit id %" PRId64
+                     " does not ascend (the entry before holds %d)", t, i, j, cols[at + i - 1]);
+            const float gv = g[at + i];
+            if (!relu_keeps(gv) || gv == 0.0f)
+                fail(TW_STATUS_INVALID_VALUE, "saved: token %" PRId64 ", entry %" PRId64 " (unit %" PRId64
+                     "): g = %g is not the value of an active unit (> 0 or NaN)", t, i, j, static_cast<double>(gv));
+        }
     }
-};
+}
 
 }  // namespace
 
@@ -278,12 +298,7 @@ void ReferenceBackend::ffn_backward(twFfnDescr &ffn, const twDnMatDescr &x, cons
     const Numerics num = numerics_of(ffn);
     const int64_t m = x.rows, d = ffn.model_dim, hdim = ffn.hidden_dim;
     const auto *base = static_cast<const uint8_t *>(saved);
-    SavedHeader header;
-    std::memcpy(&header, base, sizeof header);
-    if (header.magic != kSavedMagic || header.tokens != m || header.model_dim != d || header.hidden_dim != hdim ||
-        header.kind != ffn.kind || header.type != ffn.type || header.compute_mode != ffn.compute_mode)
-        fail(TW_STATUS_INVALID_VALUE, "saved: not the state of twSpGEMMFusedForwardTrain with this ffn on %" PRId64
-             " tokens (and the same compute mode)", m);
+    validate_saved(ffn, base, m);  // every count and unit id below is checked: nothing is written before
     const SavedLayout layout(m);
     const auto *row_nnz = reinterpret_cast<const int32_t *>(base + layout.row_nnz);
     const auto *scols = reinterpret_cast<const uint16_t *>(base + layout.cols);

@@ -311,6 +311,10 @@ void validate(const twSpMatDescr &s, const char *name) {
         }
         if (slot < 0 || slot >= stored)
             fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": backup_map %" PRId64 " is not a filled backup slot", name, r, slot);
+        // the slot must hold this row: a row pointing at another row's slot would read that row's values
+        if (ids[slot] != r)
+            fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": backup_map %" PRId64 " names the backup slot of row %d",
+                 name, r, slot, ids[slot]);
         const uint8_t *dense = base + l.backup_vals + static_cast<size_t>(slot * l.cols) * l.value_bytes;
         int64_t count = 0;
         for (int64_t c = 0; c < l.cols; ++c) count += is_stored_nonzero(read_bits(dense, static_cast<size_t>(c), l.value_bytes));

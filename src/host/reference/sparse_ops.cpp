@@ -72,12 +72,13 @@ void require_disjoint(const twSpMatDescr &a, const twSpMatDescr &b) {
         fail(TW_STATUS_INVALID_VALUE, "out: its buffer overlaps the buffer of in");
 }
 
-/// Validates a sparse input and refuses one that does not hold all its values.
+/// Validates a sparse input and refuses one that does not hold all its values (INCOMPLETE_INPUT,
+/// before anything is written: CAPACITY_EXCEEDED is kept for an output that is too small).
 SparseReader complete_reader(const twSpMatDescr &s, const char *name) {
     validate(s, name);
     SparseReader reader(s);
     if (const int64_t n = reader.incomplete_rows())
-        fail(TW_STATUS_CAPACITY_EXCEEDED,
+        fail(TW_STATUS_INCOMPLETE_INPUT,
              "%s: %" PRId64 " rows did not fit this container when it was filled and are not stored "
              "completely; the result would not be exact (use a hybrid with enough backup rows)",
              name, n);
