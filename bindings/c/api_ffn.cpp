@@ -208,6 +208,7 @@ twStatus_t twSpGEMMFused_bufferSize(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr
         const twDnMatDescr &y = get_dn(Y, "Y");
         require_ptr(bytes, "bytes");
         check_activations(f, x, y);
+        check_forward_overlap(x, y);  // the same checks as the call
         *bytes = x.rows == 0 ? 0 : ctx.impl->ffn_forward_workspace(f, x.rows);
         return TW_STATUS_SUCCESS;
     });
