@@ -87,7 +87,8 @@ TWBLAS_API twStatus_t twCreate(twHandle_t *handle);
 /** Creates a handle on a named backend. TW_BACKEND_CUDA gives NOT_SUPPORTED when the library
  *  was built without CUDA or no usable GPU is present. */
 TWBLAS_API twStatus_t twCreateWithBackend(twHandle_t *handle, twBackend_t backend);
-/** Destroys a handle; NULL is a no-op. Returns SUCCESS or NOT_INITIALIZED. */
+/** Destroys a handle; NULL is a no-op. Returns SUCCESS or NOT_INITIALIZED (a destroyed handle:
+ *  see "stale objects" at the top of this file). */
 TWBLAS_API twStatus_t twDestroy(twHandle_t handle);
 /** The backend a handle computes on (never TW_BACKEND_DEFAULT). */
 TWBLAS_API twStatus_t twGetBackend(twHandle_t handle, twBackend_t *backend);
