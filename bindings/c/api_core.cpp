@@ -2,6 +2,7 @@
 #include <cinttypes>
 
 #include "boundary.hpp"
+#include "host/numeric.hpp"
 
 using namespace twblas;
 
@@ -11,24 +12,34 @@ static thread_local std::string t_thread_error;
 void set_thread_error(const std::string &message) { t_thread_error = message; }
 const char *thread_error() { return t_thread_error.c_str(); }
 
+void fail_not_live(const void *object, ObjectKind kind, const char *name) {
+    const char *what = object_kind_name(kind);
+    if (!object) fail(TW_STATUS_NOT_INITIALIZED, "%s: NULL %s", name, what);
+    switch (registry_state(object, kind)) {
+        case ObjectState::Destroyed:
+            fail(TW_STATUS_NOT_INITIALIZED, "%s: this %s has been destroyed (used after its destroy call)", name, what);
+        case ObjectState::LiveOtherKind:
+            fail(TW_STATUS_NOT_INITIALIZED, "%s: not a %s (a live twblas object of another kind)", name, what);
+        case ObjectState::Live:  // destroyed and re-created by another thread meanwhile: still not usable here
+        case ObjectState::Unknown: break;
+    }
+    fail(TW_STATUS_NOT_INITIALIZED, "%s: not a live twblas %s (foreign, or destroyed long ago)", name, what);
+}
+
 twContext &get_handle(twHandle_t h) {
-    if (!registry_contains(h, ObjectKind::Handle))
-        fail(TW_STATUS_NOT_INITIALIZED, "handle: %s", h ? "not a live twblas handle (destroyed or foreign)" : "NULL handle");
+    if (!registry_contains(h, ObjectKind::Handle)) fail_not_live(h, ObjectKind::Handle, "handle");
     return *h;
 }
 const twDnMatDescr &get_dn(twDnMatDescr_t d, const char *name) {
-    if (!registry_contains(d, ObjectKind::DnMat))
-        fail(TW_STATUS_NOT_INITIALIZED, "%s: %s", name, d ? "not a live dense matrix descriptor (destroyed or foreign)" : "NULL dense matrix descriptor");
+    if (!registry_contains(d, ObjectKind::DnMat)) fail_not_live(d, ObjectKind::DnMat, name);
     return *d;
 }
 const twSpMatDescr &get_sp(twSpMatDescr_t d, const char *name) {
-    if (!registry_contains(d, ObjectKind::SpMat))
-        fail(TW_STATUS_NOT_INITIALIZED, "%s: %s", name, d ? "not a live sparse matrix descriptor (destroyed or foreign)" : "NULL sparse matrix descriptor");
+    if (!registry_contains(d, ObjectKind::SpMat)) fail_not_live(d, ObjectKind::SpMat, name);
     return *d;
 }
 twFfnDescr &get_ffn(twFfnDescr_t d, const char *name) {
-    if (!registry_contains(d, ObjectKind::Ffn))
-        fail(TW_STATUS_NOT_INITIALIZED, "%s: %s", name, d ? "not a live FFN descriptor (destroyed or foreign)" : "NULL FFN descriptor");
+    if (!registry_contains(d, ObjectKind::Ffn)) fail_not_live(d, ObjectKind::Ffn, name);
     return *d;
 }
 
@@ -64,9 +75,19 @@ void require_same_type(twDataType_t expected, twDataType_t got, const char *name
         fail(TW_STATUS_NOT_SUPPORTED, "%s: value type %s, expected %s (mixed value types are not supported)", name,
              type_name(got), type_name(expected));
 }
-void require_workspace(const void *workspace, size_t bytes) {
-    if (bytes > 0 && !workspace)
+void require_aligned(const void *p, size_t alignment, const char *name, const char *what) {
+    if (reinterpret_cast<uintptr_t>(p) % alignment != 0)
+        fail(TW_STATUS_INVALID_VALUE, "%s: %p is not %zu-byte aligned (%s)", name, p, alignment, what);
+}
+size_t scratch_alignment(const twContext &ctx) { return ctx.backend == TW_BACKEND_CUDA ? 256 : 16; }
+ByteRange require_workspace(const twContext &ctx, const void *workspace, size_t bytes) {
+    if (bytes == 0) return ByteRange{};
+    if (!workspace)
         fail(TW_STATUS_INVALID_VALUE, "workspace: NULL, but the call needs %zu bytes (see its _bufferSize)", bytes);
+    require_aligned(workspace, scratch_alignment(ctx), "workspace",
+                    ctx.backend == TW_BACKEND_CUDA ? "the CUDA backend's workspace rule; cudaMalloc gives 256"
+                                                   : "the CPU backend's workspace rule; malloc gives 16");
+    return byte_range(workspace, bytes);
 }
 void require_same_backend(const twContext &ctx, const twFfnDescr &ffn, const char *name) {
     if (ctx.backend != ffn.backend)
@@ -147,9 +168,7 @@ twStatus_t twCreateWithBackend(twHandle_t *handle, twBackend_t backend) {
 twStatus_t twDestroy(twHandle_t handle) {
     return guarded(nullptr, [&] {
         if (!handle) return TW_STATUS_SUCCESS;
-        if (!registry_remove(handle, ObjectKind::Handle))
-            fail(TW_STATUS_NOT_INITIALIZED, "handle: not a live twblas handle (destroyed or foreign)");
-        delete handle;
+        if (!registry_destroy(handle, ObjectKind::Handle)) fail_not_live(handle, ObjectKind::Handle, "handle");
         return TW_STATUS_SUCCESS;
     });
 }
@@ -209,6 +228,21 @@ twStatus_t twCreateDnMat(twDnMatDescr_t *descr, int64_t rows, int64_t cols, int6
         if (ld > 0 && lines > INT64_MAX / 4 / ld)
             fail(TW_STATUS_INVALID_VALUE, "ld: %" PRId64 " x %" PRId64 " elements overflow the address space", ld, lines);
         if (rows > 0 && cols > 0 && !values) fail(TW_STATUS_INVALID_VALUE, "values: NULL for a %" PRId64 " x %" PRId64 " matrix", rows, cols);
+        const size_t esize = value_size(valueType);
+        if (values) {
+            require_aligned(values, esize, "values", "values are aligned to their element size");
+            // lines * ld * esize fits int64 (above); the last byte must not pass the end of the
+            // address space either
+            twDnMatDescr probe;
+            probe.rows = rows;
+            probe.cols = cols;
+            probe.ld = ld;
+            probe.type = valueType;
+            probe.order = order;
+            if (reinterpret_cast<uintptr_t>(values) > UINTPTR_MAX - dense_extent_bytes(probe))
+                fail(TW_STATUS_INVALID_VALUE, "values: %p plus the matrix's %zu bytes passes the end of the address space",
+                     values, dense_extent_bytes(probe));
+        }
         auto d = std::make_unique<twDnMatDescr>();
         d->rows = rows;
         d->cols = cols;
@@ -225,9 +259,7 @@ twStatus_t twCreateDnMat(twDnMatDescr_t *descr, int64_t rows, int64_t cols, int6
 twStatus_t twDestroyDnMat(twDnMatDescr_t descr) {
     return guarded(nullptr, [&] {
         if (!descr) return TW_STATUS_SUCCESS;
-        if (!registry_remove(descr, ObjectKind::DnMat))
-            fail(TW_STATUS_NOT_INITIALIZED, "descr: not a live dense matrix descriptor (destroyed or foreign)");
-        delete descr;
+        if (!registry_destroy(descr, ObjectKind::DnMat)) fail_not_live(descr, ObjectKind::DnMat, "descr");
         return TW_STATUS_SUCCESS;
     });
 }

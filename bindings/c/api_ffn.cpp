@@ -46,8 +46,24 @@ void check_kind(twFfnKind_t kind) {
         fail(TW_STATUS_INVALID_VALUE, "kind: %d is not a twFfnKind_t (TW_FFN_GATED_RELU, TW_FFN_RELU)", static_cast<int>(kind));
 }
 
+/// Tokens of one call. The backends keep token ids and counts in 32 bits (saved state, dense-row
+/// lists, sort keys), so one call takes at most INT32_MAX tokens. That bound, with D and H at most
+/// 65536, also keeps every size a backend derives from the token count (a few hundred kB per
+/// token at most) far inside a 64-bit size_t: a tokens argument that would wrap a _bufferSize
+/// is refused here, before any backend computes with it.
+constexpr int64_t kMaxTokens = INT32_MAX;
+static_assert(sizeof(size_t) >= 8, "the token bound above relies on a 64-bit size_t");
+
+void check_tokens(int64_t tokens, const char *name) {
+    require_nonnegative(tokens, name);
+    if (tokens > kMaxTokens)
+        fail(TW_STATUS_INVALID_VALUE, "%s: %" PRId64 " tokens; one call takes at most INT32_MAX = %" PRId64
+             " tokens (32-bit token ids): split the batch", name, tokens, kMaxTokens);
+}
+
 /// X: M x D, and y (named y_name: Y or dY): M x D, both of the FFN's value type.
 void check_activations(const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y, const char *y_name = "Y") {
+    check_tokens(x.rows, "X");
     if (x.cols != ffn.model_dim)
         fail(TW_STATUS_INVALID_VALUE, "X: expected M x %" PRId64 " (D), got %" PRId64 " x %" PRId64, ffn.model_dim, x.rows,
              x.cols);
@@ -56,7 +72,20 @@ void check_activations(const twFfnDescr &ffn, const twDnMatDescr &x, const twDnM
     require_same_type(ffn.type, y.type, y_name);
 }
 
-void check_tokens(int64_t tokens) { require_nonnegative(tokens, "tokens"); }
+/// Y may be X itself (the same memory, ld and order: the in-place forward, row by row); any
+/// other overlap of Y with X is INVALID_VALUE.
+void check_forward_overlap(const twDnMatDescr &x, const twDnMatDescr &y) {
+    if (x.values == y.values && x.ld == y.ld && x.order == y.order) return;  // shape and type match already
+    require_disjoint(byte_range(y), "Y", byte_range(x), "X");
+}
+
+/// A saved-state pointer: present and aligned as a workspace (scratch_alignment).
+void require_saved(const twContext &ctx, const void *saved) {
+    require_ptr(saved, "saved");
+    require_aligned(saved, scratch_alignment(ctx), "saved",
+                    ctx.backend == TW_BACKEND_CUDA ? "the CUDA backend's rule for workspaces and saved state"
+                                                   : "the CPU backend's rule for workspaces and saved state");
+}
 
 }  // namespace
 
@@ -107,9 +136,7 @@ twStatus_t twFfnUpdateWeights(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t wGa
 twStatus_t twDestroyFfn(twFfnDescr_t ffn) {
     return guarded(nullptr, [&] {
         if (!ffn) return TW_STATUS_SUCCESS;
-        if (!registry_remove(ffn, ObjectKind::Ffn))
-            fail(TW_STATUS_NOT_INITIALIZED, "ffn: not a live FFN descriptor (destroyed or foreign)");
-        delete ffn;
+        if (!registry_destroy(ffn, ObjectKind::Ffn)) fail_not_live(ffn, ObjectKind::Ffn, "ffn");
         return TW_STATUS_SUCCESS;
     });
 }
@@ -181,6 +208,7 @@ twStatus_t twSpGEMMFused_bufferSize(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr
         const twDnMatDescr &y = get_dn(Y, "Y");
         require_ptr(bytes, "bytes");
         check_activations(f, x, y);
+        check_forward_overlap(x, y);  // the same checks as the call
         *bytes = x.rows == 0 ? 0 : ctx.impl->ffn_forward_workspace(f, x.rows);
         return TW_STATUS_SUCCESS;
     });
@@ -195,15 +223,21 @@ twStatus_t twSpGEMMFused(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X, twDnM
         const twDnMatDescr &x = get_dn(X, "X");
         const twDnMatDescr &y = get_dn(Y, "Y");
         check_activations(f, x, y);
+        check_forward_overlap(x, y);
         const twSpMatDescr *hid = nullptr;
         if (hidden) {
             hid = &get_sp(hidden, "hidden");
             if (hid->rows != x.rows || hid->cols != f.hidden_dim)
                 fail(TW_STATUS_INVALID_VALUE, "hidden: expected %" PRId64 " x %" PRId64 " (M x H), got %" PRId64 " x %" PRId64,
                      x.rows, f.hidden_dim, hid->rows, hid->cols);
+            require_disjoint(byte_range(*hid), "hidden", byte_range(x), "X");
+            require_disjoint(byte_range(*hid), "hidden", byte_range(y), "Y");
         }
         if (x.rows == 0) return TW_STATUS_SUCCESS;
-        require_workspace(workspace, ctx.impl->ffn_forward_workspace(f, x.rows));
+        const ByteRange ws = require_workspace(ctx, workspace, ctx.impl->ffn_forward_workspace(f, x.rows));
+        require_disjoint(ws, "workspace", byte_range(x), "X");
+        require_disjoint(ws, "workspace", byte_range(y), "Y");
+        if (hid) require_disjoint(ws, "workspace", byte_range(*hid), "hidden");
         ctx.impl->ffn_forward(f, x, y, hid, workspace);
         return TW_STATUS_SUCCESS;
     });
@@ -226,6 +260,7 @@ twStatus_t twFfnGetNeuronCounts(twHandle_t h, twFfnDescr_t ffn, int64_t *counts)
         twFfnDescr &f = get_ffn(ffn, "ffn");
         require_same_backend(ctx, f, "ffn");
         require_ptr(counts, "counts");
+        require_aligned(counts, alignof(int64_t), "counts", "an int64_t array");
         ctx.impl->ffn_neuron_counts(f, counts);
         return TW_STATUS_SUCCESS;
     });
@@ -246,9 +281,10 @@ twStatus_t twSpGEMMFusedSaved_bufferSize(twHandle_t h, twFfnDescr_t ffn, int64_t
         twContext &ctx = get_handle(h);
         twFfnDescr &f = get_ffn(ffn, "ffn");
         require_same_backend(ctx, f, "ffn");
-        check_tokens(tokens);
+        check_tokens(tokens, "tokens");
         require_ptr(bytes, "bytes");
-        *bytes = ctx.impl->ffn_saved_bytes(f, tokens);
+        // no tokens: the training forward and the backward do not touch the saved state
+        *bytes = tokens == 0 ? 0 : ctx.impl->ffn_saved_bytes(f, tokens);
         return TW_STATUS_SUCCESS;
     });
 }
@@ -262,8 +298,16 @@ twStatus_t twSpGEMMFusedForwardTrain(twHandle_t h, twFfnDescr_t ffn, twDnMatDesc
         const twDnMatDescr &x = get_dn(X, "X");
         const twDnMatDescr &y = get_dn(Y, "Y");
         check_activations(f, x, y);
-        require_ptr(saved, "saved");
-        require_workspace(workspace, ctx.impl->ffn_forward_workspace(f, x.rows));
+        check_forward_overlap(x, y);
+        if (x.rows == 0) return TW_STATUS_SUCCESS;  // touches nothing: saved and workspace may be NULL
+        require_saved(ctx, saved);
+        const ByteRange sv = byte_range(saved, ctx.impl->ffn_saved_bytes(f, x.rows));
+        require_disjoint(sv, "saved", byte_range(x), "X");
+        require_disjoint(sv, "saved", byte_range(y), "Y");
+        const ByteRange ws = require_workspace(ctx, workspace, ctx.impl->ffn_forward_workspace(f, x.rows));
+        require_disjoint(ws, "workspace", byte_range(x), "X");
+        require_disjoint(ws, "workspace", byte_range(y), "Y");
+        require_disjoint(ws, "workspace", sv, "saved");
         ctx.impl->ffn_forward_train(f, x, y, saved, workspace);
         return TW_STATUS_SUCCESS;
     });
@@ -274,9 +318,10 @@ twStatus_t twSpGEMMFusedBackward_bufferSize(twHandle_t h, twFfnDescr_t ffn, int6
         twContext &ctx = get_handle(h);
         twFfnDescr &f = get_ffn(ffn, "ffn");
         require_same_backend(ctx, f, "ffn");
-        check_tokens(tokens);
+        check_tokens(tokens, "tokens");
         require_ptr(bytes, "bytes");
-        *bytes = ctx.impl->ffn_backward_workspace(f, tokens);
+        // no tokens: the backward only writes zero weight gradients, without a workspace
+        *bytes = tokens == 0 ? 0 : ctx.impl->ffn_backward_workspace(f, tokens);
         return TW_STATUS_SUCCESS;
     });
 }
@@ -310,8 +355,35 @@ twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t 
         require_shape(dwd, f.hidden_dim, f.model_dim, "dWdown", kDownHint);
         require_same_type(f.type, dwd.type, "dWdown");
         if (!std::isfinite(l1Coeff)) fail(TW_STATUS_INVALID_VALUE, "l1Coeff: must be finite");
-        require_ptr(saved, "saved");
-        require_workspace(workspace, ctx.impl->ffn_backward_workspace(f, x.rows));
+        // outputs apart from the inputs and from each other
+        const std::pair<const twDnMatDescr *, const char *> outputs[] = {
+            {&dx, "dX"}, {dwg, "dWgate"}, {&dwu, "dWup"}, {&dwd, "dWdown"}};
+        for (size_t i = 0; i < 4; ++i) {
+            if (!outputs[i].first) continue;
+            const ByteRange o = byte_range(*outputs[i].first);
+            require_disjoint(o, outputs[i].second, byte_range(x), "X");
+            require_disjoint(o, outputs[i].second, byte_range(dy), "dY");
+            for (size_t j = 0; j < i; ++j)
+                if (outputs[j].first) require_disjoint(o, outputs[i].second, byte_range(*outputs[j].first), outputs[j].second);
+        }
+        if (x.rows == 0) {
+            // no tokens: the weight gradients are zero ("outputs are overwritten"); X, dY, dX,
+            // saved and workspace are not touched (may be NULL)
+            for (const twDnMatDescr *dw : {dwg, &dwu, &dwd})
+                if (dw) ctx.impl->fill_zero(*dw);
+            return TW_STATUS_SUCCESS;
+        }
+        require_saved(ctx, saved);
+        const ByteRange sv = byte_range(saved, ctx.impl->ffn_saved_bytes(f, x.rows));
+        const ByteRange ws = require_workspace(ctx, workspace, ctx.impl->ffn_backward_workspace(f, x.rows));
+        require_disjoint(ws, "workspace", byte_range(x), "X");
+        require_disjoint(ws, "workspace", byte_range(dy), "dY");
+        require_disjoint(ws, "workspace", sv, "saved");
+        for (const auto &o : outputs) {
+            if (!o.first) continue;
+            require_disjoint(byte_range(*o.first), o.second, sv, "saved");
+            require_disjoint(ws, "workspace", byte_range(*o.first), o.second);
+        }
         ctx.impl->ffn_backward(f, x, saved, dy, l1Coeff, dx, dwg, dwu, dwd, workspace);
         return TW_STATUS_SUCCESS;
     });

@@ -39,6 +39,13 @@ void check_twell_type(twDataType_t valueType) {
         fail(TW_STATUS_NOT_SUPPORTED, "valueType: TwELL stores 16-bit values (TW_R_16BF or TW_R_16F), not TW_R_32F");
 }
 
+/// The buffer's last byte must not pass the end of the address space.
+void require_buffer_fits(const void *buffer, size_t bytes) {
+    if (reinterpret_cast<uintptr_t>(buffer) > UINTPTR_MAX - bytes)
+        fail(TW_STATUS_INVALID_VALUE, "buffer: %p plus the container's %zu bytes passes the end of the address space",
+             buffer, bytes);
+}
+
 twSpMatDescr_t register_sp(std::unique_ptr<twSpMatDescr> d) {
     registry_add(d.get(), ObjectKind::SpMat);
     return d.release();
@@ -70,14 +77,16 @@ twStatus_t twCreateTwell(twSpMatDescr_t *descr, int64_t rows, int64_t cols, int3
         check_twell_params(rows, cols, tileWidth, compression);
         check_twell_type(valueType);
         require_ptr(buffer, "buffer");
-        if (reinterpret_cast<uintptr_t>(buffer) % 4 != 0) fail(TW_STATUS_INVALID_VALUE, "buffer: not 4-byte aligned");
+        require_aligned(buffer, 4, "buffer", "a TwELL buffer is an array of uint32 words");
+        const TwellLayout layout = TwellLayout::make(rows, cols, tileWidth, compression);
+        require_buffer_fits(buffer, layout.bytes());
         auto d = std::make_unique<twSpMatDescr>();
         d->format = TW_FORMAT_TWELL;
         d->rows = rows;
         d->cols = cols;
         d->type = valueType;
         d->buffer = buffer;
-        d->twell = TwellLayout::make(rows, cols, tileWidth, compression);
+        d->twell = layout;
         *descr = register_sp(std::move(d));
         return TW_STATUS_SUCCESS;
     });
@@ -99,14 +108,16 @@ twStatus_t twCreateHybrid(twSpMatDescr_t *descr, int64_t rows, int64_t cols, int
         require_ptr(descr, "descr");
         check_hybrid_params(rows, cols, ellWidth, backupRows, valueType);
         require_ptr(buffer, "buffer");
-        if (reinterpret_cast<uintptr_t>(buffer) % 16 != 0) fail(TW_STATUS_INVALID_VALUE, "buffer: not 16-byte aligned");
+        require_aligned(buffer, 16, "buffer", "the hybrid format's rule (formats.md)");
+        const HybridLayout layout = HybridLayout::make(rows, cols, ellWidth, backupRows, value_size(valueType));
+        require_buffer_fits(buffer, layout.total);
         auto d = std::make_unique<twSpMatDescr>();
         d->format = TW_FORMAT_HYBRID;
         d->rows = rows;
         d->cols = cols;
         d->type = valueType;
         d->buffer = buffer;
-        d->hybrid = HybridLayout::make(rows, cols, ellWidth, backupRows, value_size(valueType));
+        d->hybrid = layout;
         *descr = register_sp(std::move(d));
         return TW_STATUS_SUCCESS;
     });
@@ -115,9 +126,7 @@ twStatus_t twCreateHybrid(twSpMatDescr_t *descr, int64_t rows, int64_t cols, int
 twStatus_t twDestroySpMat(twSpMatDescr_t descr) {
     return guarded(nullptr, [&] {
         if (!descr) return TW_STATUS_SUCCESS;
-        if (!registry_remove(descr, ObjectKind::SpMat))
-            fail(TW_STATUS_NOT_INITIALIZED, "descr: not a live sparse matrix descriptor (destroyed or foreign)");
-        delete descr;
+        if (!registry_destroy(descr, ObjectKind::SpMat)) fail_not_live(descr, ObjectKind::SpMat, "descr");
         return TW_STATUS_SUCCESS;
     });
 }
@@ -173,6 +182,14 @@ static void check_dense_to_sparse(const twDnMatDescr &in, const twSpMatDescr &ou
     require_convert_op(op, "op");
     require_same_size(out, in.rows, in.cols, "out");
     require_same_type(out.type, in.type, "in");
+    require_disjoint(byte_range(out), "out", byte_range(in), "in");
+}
+
+/// The workspace of a dense -> sparse phase: present, aligned, apart from in and out.
+static void check_d2s_workspace(twContext &ctx, const twDnMatDescr &in, const twSpMatDescr &out, void *workspace) {
+    const ByteRange ws = require_workspace(ctx, workspace, ctx.impl->dense_to_sparse_workspace(in, out));
+    require_disjoint(ws, "workspace", byte_range(in), "in");
+    require_disjoint(ws, "workspace", byte_range(out), "out");
 }
 
 twStatus_t twDenseToSparse_bufferSize(twHandle_t h, twDnMatDescr_t in, twSpMatDescr_t out, twConvertOp_t op,
@@ -195,7 +212,7 @@ twStatus_t twDenseToSparse_analysis(twHandle_t h, twDnMatDescr_t in, twSpMatDesc
         const twDnMatDescr &din = get_dn(in, "in");
         const twSpMatDescr &sout = get_sp(out, "out");
         check_dense_to_sparse(din, sout, op);
-        require_workspace(workspace, ctx.impl->dense_to_sparse_workspace(din, sout));
+        check_d2s_workspace(ctx, din, sout, workspace);
         return ctx.impl->dense_to_sparse_analysis(din, sout, op, workspace);
     });
 }
@@ -207,7 +224,7 @@ twStatus_t twDenseToSparse_convert(twHandle_t h, twDnMatDescr_t in, twSpMatDescr
         const twDnMatDescr &din = get_dn(in, "in");
         const twSpMatDescr &sout = get_sp(out, "out");
         check_dense_to_sparse(din, sout, op);
-        require_workspace(workspace, ctx.impl->dense_to_sparse_workspace(din, sout));
+        check_d2s_workspace(ctx, din, sout, workspace);
         return report_capacity(ctx, ctx.impl->dense_to_sparse_convert(din, sout, op, workspace), sout, "out");
     });
 }
@@ -219,6 +236,7 @@ twStatus_t twSparseToDense(twHandle_t h, twSpMatDescr_t in, twDnMatDescr_t out) 
         const twDnMatDescr &dout = get_dn(out, "out");
         require_shape(dout, sin.rows, sin.cols, "out");
         require_same_type(sin.type, dout.type, "out");
+        require_disjoint(byte_range(dout), "out", byte_range(sin), "in");
         return ctx.impl->sparse_to_dense(sin, dout);
     });
 }
@@ -228,9 +246,9 @@ twStatus_t twSparseConvert(twHandle_t h, twSpMatDescr_t in, twSpMatDescr_t out) 
         twContext &ctx = get_handle(h);
         const twSpMatDescr &sin = get_sp(in, "in");
         const twSpMatDescr &sout = get_sp(out, "out");
-        if (in == out) fail(TW_STATUS_INVALID_VALUE, "out: must not be the same descriptor as in");
         require_same_size(sout, sin.rows, sin.cols, "out");
         require_same_type(sin.type, sout.type, "out");
+        require_disjoint(byte_range(sout), "out", byte_range(sin), "in");  // the same descriptor included
         return report_capacity(ctx, ctx.impl->sparse_convert(sin, sout), sout, "out");
     });
 }
@@ -240,9 +258,9 @@ twStatus_t twSparseTranspose(twHandle_t h, twSpMatDescr_t in, twSpMatDescr_t out
         twContext &ctx = get_handle(h);
         const twSpMatDescr &sin = get_sp(in, "in");
         const twSpMatDescr &sout = get_sp(out, "out");
-        if (in == out) fail(TW_STATUS_INVALID_VALUE, "out: must not be the same descriptor as in");
         require_same_size(sout, sin.cols, sin.rows, "out");
         require_same_type(sin.type, sout.type, "out");
+        require_disjoint(byte_range(sout), "out", byte_range(sin), "in");  // the same descriptor included
         return report_capacity(ctx, ctx.impl->sparse_transpose(sin, sout), sout, "out");
     });
 }
@@ -257,6 +275,8 @@ static void check_gemm_to_sparse(const twDnMatDescr &a, const twDnMatDescr &b, c
              a.cols, b.rows, b.cols);
     require_same_size(c, a.rows, b.rows, "C");
     require_same_type(a.type, b.type, "B");
+    require_disjoint(byte_range(c), "C", byte_range(a), "A");
+    require_disjoint(byte_range(c), "C", byte_range(b), "B");
 }
 
 twStatus_t twGemmToSparse_bufferSize(twHandle_t h, twDnMatDescr_t A, twDnMatDescr_t B, twSpMatDescr_t C,
@@ -281,7 +301,10 @@ twStatus_t twGemmToSparse(twHandle_t h, float alpha, twDnMatDescr_t A, twDnMatDe
         const twDnMatDescr &b = get_dn(B, "B");
         const twSpMatDescr &c = get_sp(C, "C");
         check_gemm_to_sparse(a, b, c, act);
-        require_workspace(workspace, ctx.impl->gemm_to_sparse_workspace(a, b, c));
+        const ByteRange ws = require_workspace(ctx, workspace, ctx.impl->gemm_to_sparse_workspace(a, b, c));
+        require_disjoint(ws, "workspace", byte_range(a), "A");
+        require_disjoint(ws, "workspace", byte_range(b), "B");
+        require_disjoint(ws, "workspace", byte_range(c), "C");
         ctx.impl->gemm_to_sparse(alpha, a, b, c, act, workspace);
         return TW_STATUS_SUCCESS;
     });
@@ -293,6 +316,8 @@ static void check_spmm(const twSpMatDescr &s, const twDnMatDescr &w, const twDnM
              w.rows, w.cols);
     require_shape(y, s.rows, w.cols, "Y");
     require_same_type(w.type, y.type, "Y");
+    require_disjoint(byte_range(y), "Y", byte_range(s), "S");
+    require_disjoint(byte_range(y), "Y", byte_range(w), "W");
 }
 
 twStatus_t twSpMM_bufferSize(twHandle_t h, twSpMatDescr_t S, twDnMatDescr_t W, twDnMatDescr_t Y, size_t *bytes) {
@@ -316,7 +341,10 @@ twStatus_t twSpMM(twHandle_t h, float alpha, twSpMatDescr_t S, twDnMatDescr_t W,
         const twDnMatDescr &w = get_dn(W, "W");
         const twDnMatDescr &y = get_dn(Y, "Y");
         check_spmm(s, w, y);
-        require_workspace(workspace, ctx.impl->spmm_workspace(s, w, y));
+        const ByteRange ws = require_workspace(ctx, workspace, ctx.impl->spmm_workspace(s, w, y));
+        require_disjoint(ws, "workspace", byte_range(s), "S");
+        require_disjoint(ws, "workspace", byte_range(w), "W");
+        require_disjoint(ws, "workspace", byte_range(y), "Y");
         return ctx.impl->spmm(alpha, s, w, beta, y, workspace);
     });
 }

@@ -8,6 +8,7 @@
 
 #include "host/backend.hpp"
 #include "host/error.hpp"
+#include "host/memory_range.hpp"
 #include "host/objects.hpp"
 
 namespace twblas {
@@ -48,6 +49,10 @@ twStatus_t guarded(twHandle_t handle, Body &&body) noexcept {
 }
 
 // ---- object look-ups: NOT_INITIALIZED unless the pointer is a live object of that kind
+/// NOT_INITIALIZED for `object`, argument `name`, which is not a live object of `kind`; the
+/// message says whether it is NULL, destroyed (still in the registry's quarantine), a live
+/// object of another kind, or unknown.
+[[noreturn]] void fail_not_live(const void *object, ObjectKind kind, const char *name);
 twContext &get_handle(twHandle_t h);
 const twDnMatDescr &get_dn(twDnMatDescr_t d, const char *name);
 const twSpMatDescr &get_sp(twSpMatDescr_t d, const char *name);
@@ -62,8 +67,16 @@ void require_convert_op(twConvertOp_t op, const char *name);
 void require_shape(const twDnMatDescr &m, int64_t rows, int64_t cols, const char *name,
                    const char *what = "");
 void require_same_type(twDataType_t expected, twDataType_t got, const char *name);
-/// `bytes` > 0 needs a workspace pointer.
-void require_workspace(const void *workspace, size_t bytes);
+/// INVALID_VALUE naming `name` unless `p` is a multiple of `alignment` (a power of two); `what`
+/// says what needs it.
+void require_aligned(const void *p, size_t alignment, const char *name, const char *what);
+/// Alignment a backend needs of workspace and saved-state pointers: 256 bytes on the CUDA
+/// backend (it carves them into 256-byte aligned pieces relative to the start, cuBLASLt's
+/// workspace among them, and reads them with 16-byte vector loads), 16 on the CPU backend.
+size_t scratch_alignment(const twContext &ctx);
+/// A workspace of `bytes` bytes: a pointer when bytes > 0, aligned to scratch_alignment(ctx).
+/// Returns its byte range for the overlap checks (empty when bytes == 0).
+ByteRange require_workspace(const twContext &ctx, const void *workspace, size_t bytes);
 /// Sparse output/input memory must live where the handle's backend computes; the C layer can
 /// not check device pointers without CUDA, so this only checks the FFN's backend.
 void require_same_backend(const twContext &ctx, const twFfnDescr &ffn, const char *name);

@@ -7,8 +7,28 @@
  *  - every function returns a ::twStatus_t; sizes and dimensions are int64_t;
  *  - every twCreateX has a twDestroyX; destroying NULL succeeds; a NULL, destroyed or foreign
  *    object gives ::TW_STATUS_NOT_INITIALIZED, never a crash;
+ *  - stale objects: handles and descriptors are bare pointers, so a destroyed object is only
+ *    recognisable while no new object has its address. twblas keeps the memory of the last 1024
+ *    destroyed objects of each kind (handles, dense, sparse and FFN descriptors; a few hundred
+ *    bytes each, released at once: a destroy frees everything the object owns), so no new
+ *    object takes their addresses: using or destroying one of them again gives
+ *    NOT_INITIALIZED, and the message says it was destroyed. Beyond those 1024, as with
+ *    cuSPARSE, using a destroyed object is undefined: its address may belong to a newer object
+ *    of the same kind, which the call would then use (or destroy);
  *  - descriptors never own user memory; pointers live where the handle's backend computes
  *    (host memory for ::TW_BACKEND_CPU, device memory for ::TW_BACKEND_CUDA);
+ *  - alignment (INVALID_VALUE otherwise): dense values to their element size (4 bytes for
+ *    TW_R_32F, 2 for the 16-bit types); TwELL buffers to 4 bytes, hybrid buffers to 16
+ *    (docs/formats.md); workspaces and saved training state to 256 bytes on the CUDA backend
+ *    and 16 bytes on the CPU backend; int64 outputs (neuron counts) to 8. cudaMalloc (256) and
+ *    malloc (16) give every one of these;
+ *  - memory that a call writes must not overlap memory that it reads or another of its outputs
+ *    (INVALID_VALUE naming the output): byte ranges are compared, so two descriptors over
+ *    overlapping memory count. The one exception is Y == X in the fused forwards (the same
+ *    values, ld and order: in place);
+ *  - sizes: a byte count that does not fit size_t is INVALID_VALUE naming the argument that
+ *    makes it (the _bufferSize queries and the create calls check before computing);
+ *  - zero-sized problems succeed without touching any pointer (NULL is fine there);
  *  - compute calls never allocate device memory and never synchronise; scratch comes from the
  *    caller through a *_bufferSize function and a workspace pointer;
  *  - bad arguments give ::TW_STATUS_INVALID_VALUE and leave every output untouched;
@@ -69,7 +89,8 @@ TWBLAS_API twStatus_t twCreate(twHandle_t *handle);
 /** Creates a handle on a named backend. TW_BACKEND_CUDA gives NOT_SUPPORTED when the library
  *  was built without CUDA or no usable GPU is present. */
 TWBLAS_API twStatus_t twCreateWithBackend(twHandle_t *handle, twBackend_t backend);
-/** Destroys a handle; NULL is a no-op. Returns SUCCESS or NOT_INITIALIZED. */
+/** Destroys a handle; NULL is a no-op. Returns SUCCESS or NOT_INITIALIZED (a destroyed handle:
+ *  see "stale objects" at the top of this file). */
 TWBLAS_API twStatus_t twDestroy(twHandle_t handle);
 /** The backend a handle computes on (never TW_BACKEND_DEFAULT). */
 TWBLAS_API twStatus_t twGetBackend(twHandle_t handle, twBackend_t *backend);
@@ -105,13 +126,16 @@ typedef enum {
 
 /** Dense matrix descriptor: logical rows x cols, stored in `order` with leading dimension ld. */
 typedef struct twDnMatDescr *twDnMatDescr_t;
-/** Describes user memory (not owned). values may be NULL only when rows*cols == 0.
- *  Returns SUCCESS, INVALID_VALUE (negative sizes, ld too small, NULL values, bad enum),
- *  ALLOC_FAILED. */
+/** Describes user memory (not owned). values may be NULL only when rows*cols == 0; a non-NULL
+ *  values must be aligned to the element size (4 bytes for TW_R_32F, 2 for TW_R_16F and
+ *  TW_R_16BF), and the matrix's bytes (lines x ld elements) must fit the address space.
+ *  Returns SUCCESS, INVALID_VALUE (negative sizes, ld too small, NULL or misaligned values,
+ *  a size that overflows, bad enum), ALLOC_FAILED. */
 TWBLAS_API twStatus_t twCreateDnMat(twDnMatDescr_t *descr, int64_t rows, int64_t cols,
                                     int64_t ld, void *values, twDataType_t valueType,
                                     twOrder_t order);
-/** Destroys a dense descriptor (not the memory it describes); NULL is a no-op. */
+/** Destroys a dense descriptor (not the memory it describes); NULL is a no-op. A destroyed
+ *  descriptor gives NOT_INITIALIZED (see "stale objects" at the top of this file). */
 TWBLAS_API twStatus_t twDestroyDnMat(twDnMatDescr_t descr);
 /** Reads a dense descriptor back. Any output pointer may be NULL. */
 TWBLAS_API twStatus_t twDnMatGet(twDnMatDescr_t descr, int64_t *rows, int64_t *cols,
@@ -128,28 +152,33 @@ typedef enum {
 
 /** Bytes of a TwELL buffer: rows x NT*W uint32 words (NT = ceil(cols/T), W = T/C) followed by
  *  the overflow record (a uint32 row count and up to `rows` uint32 row ids).
- *  tileWidth in {64, 128, 256}, compression in {2, 4, 8}; cols <= 65536 (else NOT_SUPPORTED). */
+ *  tileWidth in {64, 128, 256}, compression in {2, 4, 8}; cols <= 65536 and rows <= INT32_MAX
+ *  (else NOT_SUPPORTED); a size that does not fit size_t is INVALID_VALUE. */
 TWBLAS_API twStatus_t twTwellBufferSize(int64_t rows, int64_t cols, int32_t tileWidth,
                                         int32_t compression, size_t *bytes);
-/** Describes a TwELL buffer of twTwellBufferSize bytes (4-byte aligned). Values are 16-bit
- *  (TW_R_16BF or TW_R_16F; TW_R_32F is NOT_SUPPORTED). The buffer content is not read. */
+/** Describes a TwELL buffer of twTwellBufferSize bytes (4-byte aligned: INVALID_VALUE
+ *  otherwise). Values are 16-bit (TW_R_16BF or TW_R_16F; TW_R_32F is NOT_SUPPORTED). The buffer
+ *  content is not read. The same size checks as twTwellBufferSize. */
 TWBLAS_API twStatus_t twCreateTwell(twSpMatDescr_t *descr, int64_t rows, int64_t cols,
                                     int32_t tileWidth, int32_t compression, void *buffer,
                                     twDataType_t valueType);
 
 /** Bytes of a hybrid buffer: row_nnz, ELL part (E entries a row), backup record and B dense
- *  backup rows (docs/formats.md). ellWidth: a positive multiple of 8; 0 <= backupRows <= rows;
- *  cols <= 65536 (else NOT_SUPPORTED). */
+ *  backup rows (docs/formats.md). ellWidth: a positive multiple of 8 (it may exceed cols);
+ *  0 <= backupRows <= rows; cols <= 65536 and rows <= INT32_MAX (else NOT_SUPPORTED). A size
+ *  that does not fit size_t is INVALID_VALUE naming ellWidth (ELL part) or backupRows. */
 TWBLAS_API twStatus_t twHybridBufferSize(int64_t rows, int64_t cols, int32_t ellWidth,
                                          int64_t backupRows, twDataType_t valueType,
                                          size_t *bytes);
-/** Describes a hybrid buffer of twHybridBufferSize bytes (16-byte aligned). Values: TW_R_16BF,
- *  TW_R_16F or TW_R_32F. The buffer content is not read. */
+/** Describes a hybrid buffer of twHybridBufferSize bytes (16-byte aligned: INVALID_VALUE
+ *  otherwise). Values: TW_R_16BF, TW_R_16F or TW_R_32F. The buffer content is not read. The
+ *  same size checks as twHybridBufferSize. */
 TWBLAS_API twStatus_t twCreateHybrid(twSpMatDescr_t *descr, int64_t rows, int64_t cols,
                                      int32_t ellWidth, int64_t backupRows, void *buffer,
                                      twDataType_t valueType);
 
-/** Destroys a sparse descriptor (not its buffer); NULL is a no-op. */
+/** Destroys a sparse descriptor (not its buffer); NULL is a no-op. A destroyed descriptor gives
+ *  NOT_INITIALIZED (see "stale objects" at the top of this file). */
 TWBLAS_API twStatus_t twDestroySpMat(twSpMatDescr_t descr);
 /** Format of a sparse descriptor. */
 TWBLAS_API twStatus_t twSpMatGetFormat(twSpMatDescr_t descr, twFormat_t *format);
@@ -191,7 +220,8 @@ typedef enum {
 TWBLAS_API twStatus_t twDenseToSparse_bufferSize(twHandle_t h, twDnMatDescr_t in,
                                                  twSpMatDescr_t out, twConvertOp_t op,
                                                  size_t *bytes);
-/** Counts the non-zeros of every row into the workspace (setup call: may block). Returns
+/** Counts the non-zeros of every row into the workspace (setup call: may block). The buffer of
+ *  `out` and the workspace must not overlap the memory of `in` (INVALID_VALUE). Returns
  *  CAPACITY_EXCEEDED when `out` cannot hold them (TwELL tile overflow; hybrid needing more
  *  than backupRows dense rows); the conversion may still be run and records the same. */
 TWBLAS_API twStatus_t twDenseToSparse_analysis(twHandle_t h, twDnMatDescr_t in,
@@ -204,17 +234,20 @@ TWBLAS_API twStatus_t twDenseToSparse_convert(twHandle_t h, twDnMatDescr_t in,
                                               twSpMatDescr_t out, twConvertOp_t op,
                                               void *workspace);
 /** Writes every element of `out` (same size and value type). INCOMPLETE_INPUT, with `out`
- *  untouched, when `in` records rows that it could not hold (the result would not be exact). */
+ *  untouched, when `in` records rows that it could not hold (the result would not be exact).
+ *  `out` must not overlap the buffer of `in` (INVALID_VALUE). */
 TWBLAS_API twStatus_t twSparseToDense(twHandle_t h, twSpMatDescr_t in, twDnMatDescr_t out);
 /** Re-packs a sparse matrix into another container of the same size and value type
  *  (TwELL -> hybrid, hybrid -> TwELL, or between parameters). CAPACITY_EXCEEDED as for
  *  twDenseToSparse_convert when `out` cannot hold every row (`out` records them);
- *  INCOMPLETE_INPUT, with `out` untouched, when `in` records rows that it could not hold. */
+ *  INCOMPLETE_INPUT, with `out` untouched, when `in` records rows that it could not hold. The
+ *  two buffers must not overlap (INVALID_VALUE). */
 TWBLAS_API twStatus_t twSparseConvert(twHandle_t h, twSpMatDescr_t in, twSpMatDescr_t out);
 /** out = in^T (in: rows x cols, out: cols x rows; same value type). The columns of `out`
  *  are the rows of `in`, hence rows of `in` <= 65536. CAPACITY_EXCEEDED as for
  *  twDenseToSparse_convert when `out` cannot hold the transposed rows; INCOMPLETE_INPUT, with
- *  `out` untouched, when `in` records rows that it could not hold. */
+ *  `out` untouched, when `in` records rows that it could not hold. The two buffers must not
+ *  overlap (INVALID_VALUE). */
 TWBLAS_API twStatus_t twSparseTranspose(twHandle_t h, twSpMatDescr_t in, twSpMatDescr_t out);
 /**@}*/
 
@@ -240,7 +273,8 @@ TWBLAS_API twStatus_t twCreateFfn(twHandle_t h, twFfnDescr_t *ffn, twFfnKind_t k
  *  same shapes and types (setup call: blocks). For training loops that update the weights. */
 TWBLAS_API twStatus_t twFfnUpdateWeights(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t wGate,
                                          twDnMatDescr_t wUp, twDnMatDescr_t wDown);
-/** Destroys an FFN descriptor and its weight copy; NULL is a no-op. */
+/** Destroys an FFN descriptor and its weight copy; NULL is a no-op. A destroyed descriptor
+ *  gives NOT_INITIALIZED (see "stale objects" at the top of this file). */
 TWBLAS_API twStatus_t twDestroyFfn(twFfnDescr_t ffn);
 /** Model dimension D and hidden dimension H of an FFN. Either output may be NULL. */
 TWBLAS_API twStatus_t twFfnGetSize(twFfnDescr_t ffn, int64_t *modelDim, int64_t *hiddenDim);
@@ -265,13 +299,17 @@ TWBLAS_API twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr,
 TWBLAS_API twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, void *value,
                                         size_t size);
 
-/** Workspace bytes for twSpGEMMFused with these X and Y. */
+/** Workspace bytes for twSpGEMMFused with these X and Y (0 when M = 0). M <= INT32_MAX tokens
+ *  per call (token ids are 32-bit; INVALID_VALUE naming X beyond). */
 TWBLAS_API twStatus_t twSpGEMMFused_bufferSize(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
                                                twDnMatDescr_t Y, size_t *bytes);
 /** Forward (inference): Y = FFN(X). X, Y: M x D, the weights' value type. hidden: optional
  *  (NULL) M x H TwELL or hybrid descriptor that receives h, rounded to the container's own value
  *  type; rows it cannot hold are recorded in it (twSpMatGetInfo) and Y stays exact. Exact for
- *  any sparsity pattern. The workspace size comes from twSpGEMMFused_bufferSize.
+ *  any sparsity pattern. The workspace size comes from twSpGEMMFused_bufferSize; its alignment
+ *  is 256 bytes on CUDA, 16 on CPU. Y may be X itself (the same values, ld and order: an
+ *  in-place forward); any other overlap between X, Y, hidden's buffer and the workspace is
+ *  INVALID_VALUE. M = 0 returns SUCCESS without touching any pointer.
  *
  *  Non-finite values: unit j is active for a token when its ReLU input g (X Wg^T gated,
  *  X Wu^T plain, rounded as the compute mode says) is > 0 or NaN; +0 and -0 are inactive. An
@@ -298,7 +336,8 @@ typedef struct {
  *  this FFN; zeros before the first. Blocking. */
 TWBLAS_API twStatus_t twFfnGetStats(twHandle_t h, twFfnDescr_t ffn, twFfnStats_t *stats);
 
-/** Per-neuron activation counts since the last reset (H int64 values into backend memory). */
+/** Per-neuron activation counts since the last reset (H int64 values into backend memory,
+ *  8-byte aligned). */
 TWBLAS_API twStatus_t twFfnGetNeuronCounts(twHandle_t h, twFfnDescr_t ffn, int64_t *counts);
 /** Sets the per-neuron counts to zero. */
 TWBLAS_API twStatus_t twFfnResetNeuronCounts(twHandle_t h, twFfnDescr_t ffn);
@@ -310,26 +349,40 @@ TWBLAS_API twStatus_t twFfnResetNeuronCounts(twHandle_t h, twFfnDescr_t ffn);
 
 /** Bytes of the saved state for `tokens` tokens (the backend's compact format: ELL rows of the
  *  gate pattern with g and u; rows too dense for it are recomputed from X in the backward).
- *  Both backends: at most 128 units per token are kept, about 1/14 of a dense bf16 h at H = 5632. */
+ *  Both backends: at most 128 units per token are kept, about 1/14 of a dense bf16 h at H = 5632.
+ *  0 bytes for tokens = 0; tokens <= INT32_MAX (INVALID_VALUE beyond: token ids are 32-bit, and
+ *  the bound keeps every size inside size_t). */
 TWBLAS_API twStatus_t twSpGEMMFusedSaved_bufferSize(twHandle_t h, twFfnDescr_t ffn,
                                                     int64_t tokens, size_t *bytes);
 /** Forward that also writes what the backward needs into `saved` (twSpGEMMFusedSaved_bufferSize
- *  bytes, backend memory); workspace as for twSpGEMMFused. Updates the FFN's statistics. */
+ *  bytes, backend memory, aligned as a workspace: 256 bytes on CUDA, 16 on CPU); workspace as
+ *  for twSpGEMMFused. Updates the FFN's statistics. Y may be X as in twSpGEMMFused (but the
+ *  backward needs the forward's X); `saved` must not overlap X, Y or the workspace.
+ *  M = 0 returns SUCCESS at once: nothing is written (saved and workspace may be NULL), and the
+ *  statistics keep those of the last forward, as twSpGEMMFused with M = 0 does. */
 TWBLAS_API twStatus_t twSpGEMMFusedForwardTrain(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
                                                 twDnMatDescr_t Y, void *saved, void *workspace);
 /** Workspace bytes for twSpGEMMFusedBackward (CUDA: room for every token to be recomputed, so
- *  that no call needs a host synchronisation; about 1.2 GB at M = 16384, D = 2048, H = 5632). */
+ *  that no call needs a host synchronisation; about 1.2 GB at M = 16384, D = 2048, H = 5632).
+ *  0 for tokens = 0; tokens <= INT32_MAX as for twSpGEMMFusedSaved_bufferSize. */
 TWBLAS_API twStatus_t twSpGEMMFusedBackward_bufferSize(twHandle_t h, twFfnDescr_t ffn,
                                                        int64_t tokens, size_t *bytes);
 /** dX (M x D) and dWgate, dWup, dWdown (each logical H x D, any order; dWgate NULL for
  *  TW_FFN_RELU) from X, the saved state of the forward on X, and dY. Outputs are overwritten.
- *  l1Coeff adds l1Coeff * d(mean_t sum_j |h_tj|) (the paper's L1 regulariser). Non-finite
- *  values as for twSpGEMMFused: an inactive unit adds exact zeros to dX and to its rows of the
- *  weight gradients, whatever its u, Wu and Wd rows hold (CUDA: tokens of the
+ *  l1Coeff adds l1Coeff * d(mean_t sum_j |h_tj|) (the paper's L1 regulariser). No output may
+ *  overlap an input (X, dY, saved), another output or the workspace (INVALID_VALUE naming it);
+ *  saved and workspace are aligned as for twSpGEMMFusedForwardTrain.
+ *  M = 0: the weight gradients are set to zero (they are overwritten, and no token contributes);
+ *  X, dY, dX, saved and workspace are not touched (saved and workspace may be NULL).
+ *  Non-finite values as for twSpGEMMFused: an inactive unit adds exact zeros to dX and to its
+ *  rows of the weight gradients, whatever its u, Wu and Wd rows hold (CUDA: tokens of the
  *  sparse path; the tokens it recomputes densely multiply the zero gradients of inactive units
  *  by their Wu rows into dX). A unit whose g is NaN propagates NaN. The CPU backend checks all
  *  of `saved` before use: a unit count, unit id or g that its forward cannot have written gives
- *  INVALID_VALUE naming the token, with every output untouched. */
+ *  INVALID_VALUE naming the token, with every output untouched. The CUDA backend cannot return a
+ *  status that depends on device data without a synchronisation: it clamps or skips every count
+ *  and unit id of `saved` it reads, so a corrupted state never faults, but its results are then
+ *  meaningless (the violation is not reported). */
 TWBLAS_API twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X,
                                             const void *saved, twDnMatDescr_t dY, float l1Coeff,
                                             twDnMatDescr_t dX, twDnMatDescr_t dWgate,
@@ -347,7 +400,7 @@ TWBLAS_API twStatus_t twGemmToSparse_bufferSize(twHandle_t h, twDnMatDescr_t A, 
                                                 size_t *bytes);
 /** C = act(alpha * A B^T) into a TwELL or hybrid C (A: M x K, B: N x K, C: M x N), rounded to
  *  C's own value type. Rows C cannot hold are recorded in C (compute call: no status depends on
- *  the data). */
+ *  the data). C's buffer and the workspace must not overlap A, B or each other (INVALID_VALUE). */
 TWBLAS_API twStatus_t twGemmToSparse(twHandle_t h, float alpha, twDnMatDescr_t A,
                                      twDnMatDescr_t B, twSpMatDescr_t C, twConvertOp_t act,
                                      void *workspace);
@@ -358,7 +411,8 @@ TWBLAS_API twStatus_t twSpMM_bufferSize(twHandle_t h, twSpMatDescr_t S, twDnMatD
  *  type); beta == 0 does not read Y. When S records rows it could not hold: the CPU backend
  *  returns INCOMPLETE_INPUT with Y untouched; the CUDA backend, which cannot read S's record
  *  without synchronising, writes those rows of Y as NaN (never a partial sum) and
- *  twSpMatGetInfo(S).overflowRows counts them. */
+ *  twSpMatGetInfo(S).overflowRows counts them. Y must not overlap S's buffer, W or the workspace
+ *  (INVALID_VALUE; Y itself is read and written in place when beta != 0). */
 TWBLAS_API twStatus_t twSpMM(twHandle_t h, float alpha, twSpMatDescr_t S, twDnMatDescr_t W,
                              float beta, twDnMatDescr_t Y, void *workspace);
 /**@}*/

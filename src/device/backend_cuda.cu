@@ -122,6 +122,16 @@ class CudaBackend final : public Backend {
     }
 
     // ---- training
+    void fill_zero(const twDnMatDescr &m) override {  // the weight gradients of an M = 0 backward
+        if (m.empty()) return;
+        cuda::require_device_accessible(m.values, "dW");
+        const size_t e = cuda::elem_bytes(m.type);
+        const bool row = m.order == TW_ORDER_ROW;
+        cuda::check(cudaMemset2DAsync(m.values, static_cast<size_t>(m.ld) * e, 0,
+                                      static_cast<size_t>(row ? m.cols : m.rows) * e,
+                                      static_cast<size_t>(row ? m.rows : m.cols), stream()),
+                    "cudaMemset2DAsync");
+    }
     size_t ffn_saved_bytes(const twFfnDescr &ffn, int64_t tokens) override {
         return cuda::saved_layout(cuda::training_problem_of(ffn, tokens)).total;
     }

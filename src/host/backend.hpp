@@ -64,6 +64,12 @@ class Backend {
     virtual void ffn_reset_neuron_counts(twFfnDescr &ffn) = 0;
 
     // ---- training
+    /// Sets every element of the dense matrix `m` (in this backend's memory) to +0: the weight
+    /// gradients of a backward over no tokens, which the C boundary answers without calling
+    /// ffn_backward. The default writes host memory, which is right for a host backend such as
+    /// the reference; any other backend must override it (the default refuses with
+    /// NOT_SUPPORTED rather than write device memory from the host).
+    virtual void fill_zero(const twDnMatDescr &m);
     virtual size_t ffn_saved_bytes(const twFfnDescr &ffn, int64_t tokens) = 0;
     virtual void ffn_forward_train(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
                                    void *saved, void *workspace) = 0;

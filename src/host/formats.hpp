@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "checked_size.hpp"
 #include "twblas/twblas.h"
 
 namespace twblas {
@@ -15,6 +16,8 @@ constexpr uint32_t kTwellOverflowBit = 0x80000000u;
 constexpr uint32_t kTwellCountMask = 0x0000ffffu;
 
 /// TwELL: rows x ld uint32 words, then the overflow record: uint32 count + uint32 row ids[rows].
+/// make() checks that the buffer size fits size_t (INVALID_VALUE naming the argument), so the
+/// accessors below cannot wrap for a layout it returned.
 struct TwellLayout {
     int64_t rows = 0, cols = 0;
     int32_t tile_width = 256;   // T
@@ -34,6 +37,10 @@ struct TwellLayout {
         l.slots = l.words_per_block - 1;
         l.tiles = (cols + tile_width - 1) / tile_width;
         l.ld = l.tiles * l.words_per_block;
+        // (rows * ld + 1 + rows) words, checked term by term
+        const size_t r = to_size(rows, "rows");
+        const size_t words = checked_add(checked_mul(r, to_size(l.ld, "cols"), "rows"), r + 1, "rows");
+        checked_mul(words, 4, "rows");
         return l;
     }
     size_t matrix_words() const { return static_cast<size_t>(rows * ld); }
@@ -49,7 +56,9 @@ inline uint32_t twell_entry(int64_t col, uint16_t value_bits) {
 inline int64_t twell_entry_col(uint32_t w) { return w & 0xffffu; }
 inline uint16_t twell_entry_bits(uint32_t w) { return static_cast<uint16_t>(w >> 16); }
 
-/// Hybrid: each array starts on a 256-byte boundary from the buffer start.
+/// Hybrid: each array starts on a 256-byte boundary from the buffer start. make() computes the
+/// offsets with checked arithmetic: a size that does not fit size_t is INVALID_VALUE naming the
+/// argument that makes it large (ellWidth for the ELL arrays, backupRows for the backup rows).
 struct HybridLayout {
     int64_t rows = 0, cols = 0;
     int32_t ell_width = 128;  // E
@@ -68,16 +77,17 @@ struct HybridLayout {
         l.ell_width = ell_width;
         l.backup_rows = backup_rows;
         l.value_bytes = value_bytes;
-        const size_t r = static_cast<size_t>(rows), e = static_cast<size_t>(ell_width);
-        size_t at = 0;
-        l.row_nnz = at;        at = align(at + r * 4);
-        l.ell_cols = at;       at = align(at + r * e * 2);
-        l.ell_vals = at;       at = align(at + r * e * value_bytes);
-        l.backup_count = at;   at = align(at + 4);
-        l.backup_row_ids = at; at = align(at + static_cast<size_t>(backup_rows) * 4);
-        l.backup_map = at;     at = align(at + r * 4);
-        l.backup_vals = at;    at = align(at + static_cast<size_t>(backup_rows) * static_cast<size_t>(cols) * value_bytes);
-        l.total = at;
+        const size_t r = to_size(rows, "rows"), e = to_size(ell_width, "ellWidth"),
+                     b = to_size(backup_rows, "backupRows"), c = to_size(cols, "cols");
+        CheckedLayout at(256);
+        l.row_nnz = at.take(r, 4, "rows");
+        l.ell_cols = at.take(checked_mul(r, e, "ellWidth"), 2, "ellWidth");
+        l.ell_vals = at.take(checked_mul(r, e, "ellWidth"), value_bytes, "ellWidth");
+        l.backup_count = at.take(1, 4, "rows");
+        l.backup_row_ids = at.take(b, 4, "backupRows");
+        l.backup_map = at.take(r, 4, "rows");
+        l.backup_vals = at.take(checked_mul(b, c, "backupRows"), value_bytes, "backupRows");
+        l.total = at.total();
         return l;
     }
 };

@@ -24,6 +24,36 @@ void registry_add(const void *object, ObjectKind kind);
 bool registry_remove(const void *object, ObjectKind kind);
 bool registry_contains(const void *object, ObjectKind kind);
 
+/// What the registry knows of an address, for one kind of object.
+enum class ObjectState {
+    Live,           // a live object of this kind
+    LiveOtherKind,  // a live object of another kind
+    Destroyed,      // an object of this kind destroyed recently (its storage is in quarantine)
+    Unknown         // NULL, foreign, or destroyed longer ago than the quarantine remembers
+};
+ObjectState registry_state(const void *object, ObjectKind kind);
+
+/// Destroyed objects of each kind whose storage the registry keeps (quarantine). The C handles
+/// are bare pointers, so a stale one is only recognisable while no new object can have its
+/// address: the storage of the last kQuarantinePerKind destroyed objects of each kind is not
+/// returned to the allocator, and their addresses are known as destroyed.
+constexpr size_t kQuarantinePerKind = 1024;
+
+/// Takes the storage of a destroyed object (its destructor has run; allocated by plain `new`)
+/// into the quarantine of its kind; frees the oldest storage beyond the bound.
+void registry_quarantine(void *storage, ObjectKind kind) noexcept;
+
+/// Destroys a live object of `kind`: unregisters it, runs its destructor (releasing everything
+/// it owns at once) and quarantines its storage. False, with nothing done, when `object` is not
+/// a live object of that kind.
+template <class T>
+bool registry_destroy(T *object, ObjectKind kind) {
+    if (!registry_remove(object, kind)) return false;
+    object->~T();
+    registry_quarantine(static_cast<void *>(object), kind);
+    return true;
+}
+
 }  // namespace twblas
 
 struct twContext {
