@@ -1,9 +1,15 @@
 # Warnings for twblas's own targets (never for third-party code): -Wall -Wextra, and -Werror
 # when TWBLAS_WERROR is on (CI). Sanitizers when TWBLAS_SANITIZE (ASan + UBSan),
 # TWBLAS_SANITIZE_THREAD (TSan) or TWBLAS_BUILD_FUZZERS (libFuzzer coverage + ASan + UBSan) is on.
+# -Wshadow=local is GCC's; Clang (the fuzzer builds) has no such option.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  set(_twblas_shadow_warning -Wshadow=local)
+else()
+  set(_twblas_shadow_warning "")
+endif()
 function(twblas_set_warnings target)
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX,C>:-Wall -Wextra -Wshadow=local -Wno-unknown-pragmas>
+    $<$<COMPILE_LANGUAGE:CXX,C>:-Wall -Wextra ${_twblas_shadow_warning} -Wno-unknown-pragmas>
     $<$<AND:$<COMPILE_LANGUAGE:CXX,C>,$<BOOL:${TWBLAS_WERROR}>>:-Werror>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>
     $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${TWBLAS_WERROR}>>:-Werror=all-warnings>)
