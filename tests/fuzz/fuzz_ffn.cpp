@@ -256,6 +256,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Input in(data, size);
     const FfnCase c = FfnCase::decode(in, true);
     const Oracle oracle(c);
+    if (verbose()) {
+        int64_t total = 0, dense_rows = 0;
+        for (const auto &a : oracle.active) {
+            total += static_cast<int64_t>(a.size());
+            dense_rows += a.size() > 128;
+        }
+        std::fprintf(stderr, "twfuzz: %s type %d %s M %lld D %lld H %lld%s: %lld active, %lld rows over 128\n",
+                     c.gated ? "gated" : "plain", static_cast<int>(c.type), c.highest ? "highest" : "default",
+                     static_cast<long long>(c.m), static_cast<long long>(c.d), static_cast<long long>(c.h),
+                     c.specials ? " specials" : "", static_cast<long long>(total), static_cast<long long>(dense_rows));
+    }
     FfnSetup s(c);
     const twHandle_t h = s.h;
 

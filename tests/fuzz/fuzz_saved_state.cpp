@@ -71,6 +71,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     void *wsbp = wsb.size() ? wsb.data() : nullptr;
     const twStatus_t sa = a.run(s, saved.data(), wsbp);
     const twStatus_t sb = b.run(s, saved.data(), wsbp);
+    if (verbose())
+        std::fprintf(stderr, "twfuzz: M %lld D %lld H %lld, %d changes: %s %s\n", static_cast<long long>(c.m),
+                     static_cast<long long>(c.d), static_cast<long long>(c.h), changes, status_name(sa),
+                     sa == TW_STATUS_SUCCESS ? "" : twGetErrorMessage(h));
     TWFUZZ_CHECK(sa == TW_STATUS_SUCCESS || sa == TW_STATUS_INVALID_VALUE, "twSpGEMMFusedBackward: %s: %s", status_name(sa),
                  twGetErrorMessage(h));
     TWFUZZ_CHECK(sa == sb, "twSpGEMMFusedBackward answered %s then %s on the same input", status_name(sa), status_name(sb));

@@ -210,6 +210,15 @@ struct Sparse {
 
 inline const char *status_name(twStatus_t s) { return twGetStatusName(s); }
 
+/// TWFUZZ_VERBOSE=1 in the environment: the fuzzers say what each input decoded to.
+inline bool verbose() {
+    static const bool on = [] {
+        const char *v = std::getenv("TWFUZZ_VERBOSE");
+        return v && *v && *v != '0';
+    }();
+    return on;
+}
+
 /// A status for a sparse input that validates but lacks rows: a refusal (CAPACITY_EXCEEDED
 /// today; whatever the library names it, never SUCCESS and never a crash).
 inline bool is_refusal_of_incomplete(twStatus_t s) {
@@ -251,6 +260,11 @@ inline void check_consumers(const Sparse &s, Input &in) {
     TWFUZZ_CHECK(sv == TW_STATUS_SUCCESS || sv == TW_STATUS_INVALID_VALUE, "twSpMatValidate: %s", status_name(sv));
     const bool valid = sv == TW_STATUS_SUCCESS;
     const bool incomplete = valid && s.incomplete(info);
+    if (verbose())
+        std::fprintf(stderr, "twfuzz: %s %s %lld x %lld: %s%s%s\n", s.format == TW_FORMAT_TWELL ? "TwELL" : "hybrid",
+                     s.type == TW_R_32F ? "fp32" : s.type == TW_R_16F ? "fp16" : "bf16", static_cast<long long>(s.rows),
+                     static_cast<long long>(s.cols), valid ? "valid" : twGetErrorMessage(h),
+                     incomplete ? ", incomplete" : "", valid && !incomplete ? ", complete" : "");
     if (valid) {
         TWFUZZ_CHECK(info.nnz >= 0 && info.maxRowNnz >= 0 && info.maxRowNnz <= s.cols && info.overflowRows >= 0 &&
                          info.overflowRows <= s.rows && info.droppedValues == 0,
