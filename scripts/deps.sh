@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # Makes sure the Debian packages twblas builds with are installed: installs the missing ones when
 # run as root, otherwise prints the exact apt-get line and fails. Sourced by demo.sh and test.sh.
-#   deps.sh [--tests]   (--tests adds what the test suite and bench need: Catch2, gfortran,
-#                        pkg-config, Google Benchmark)
+#   deps.sh [--tests] [--fuzz]
+#     --tests  adds what the test suite and bench need: Catch2, gfortran, pkg-config, Google
+#              Benchmark (the ThreadSanitizer job, scripts/tsan.sh, needs no more: g++ brings
+#              its runtime)
+#     --fuzz   adds what the fuzzers need (scripts/fuzz.sh): Clang and its runtimes (libFuzzer,
+#              ASan, UBSan)
 set -euo pipefail
 
 packages=(cmake make g++ libeigen3-dev)
-if [[ "${1:-}" == "--tests" ]]; then
-  packages+=(catch2 gfortran pkg-config libbenchmark-dev)
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --tests) packages+=(catch2 gfortran pkg-config libbenchmark-dev) ;;
+    --fuzz) packages+=(clang libclang-rt-dev) ;;
+    *) echo "deps.sh: unknown option $arg (expected --tests or --fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

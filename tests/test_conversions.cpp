@@ -1,6 +1,7 @@
 // Random round trips dense -> sparse -> dense (bit-exact), sparse -> sparse, transposes, on sizes
 // off every tile multiple, for every value type and container parameter.
 #include "test_support.hpp"
+#include "host/formats.hpp"
 
 using namespace twtest;
 
@@ -160,4 +161,31 @@ TEST_CASE("hybrid transpose is exact", "[conversions]") {
     TW_REQUIRE_OK(h, twSparseToDense(h, *ht, back));
     for (int64_t r = 0; r < 70; ++r)
         for (int64_t c = 0; c < 300; ++c) REQUIRE(back.bits(c, r) == d.bits(r, c));
+}
+
+TEST_CASE("a stored +0 entry (legal) is no value when re-packed or transposed", "[conversions]") {
+    // one TwELL row of 10 entries, the fifth holding +0: 9 values
+    Handle h;
+    auto tw = Sparse::twell(1, 64, TW_R_16BF, 64, 2);
+    uint32_t *w = tw->words();
+    w[0] = 10;  // header: 10 entries
+    for (uint32_t i = 0; i < 10; ++i) w[1 + i] = twblas::twell_entry(3 * i, i == 4 ? 0x0000 : 0x3f80);
+    w[32] = 0;  // overflow record: empty
+    TW_REQUIRE_OK(h, twSpMatValidate(h, *tw));
+    Dense want(1, 64, TW_R_16BF);
+    TW_REQUIRE_OK(h, twSparseToDense(h, *tw, want));
+
+    auto hy = Sparse::hybrid(1, 64, 8, 1);  // 9 values > E = 8: a backup row
+    TW_REQUIRE_OK(h, twSparseConvert(h, *tw, *hy));
+    TW_REQUIRE_OK(h, twSpMatValidate(h, *hy));
+    CHECK(info_of(h, *hy).nnz == 9);
+    Dense back(1, 64, TW_R_16BF);
+    back.poison();
+    TW_REQUIRE_OK(h, twSparseToDense(h, *hy, back));
+    require_same_bits(want, back);
+
+    auto tr = Sparse::hybrid(64, 1, 8, 64);
+    TW_REQUIRE_OK(h, twSparseTranspose(h, *tw, *tr));
+    TW_REQUIRE_OK(h, twSpMatValidate(h, *tr));
+    CHECK(info_of(h, *tr).nnz == 9);
 }

@@ -8,6 +8,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "host/error.hpp"
 #include "host/numeric.hpp"
@@ -21,6 +22,11 @@ namespace {
 
 struct RefFfnState final : FfnState {
     RowMatrix wg, wu, wd;  // H x D fp32 (wg empty for plain ReLU); wd row j = unit j's down row
+    // Shared by every forward on this FFN, from any thread and handle: `published` guards the
+    // statistics and the neuron counts. A forward accumulates its own privately and publishes
+    // them in one critical section (StatsAccumulator::publish), so the counts add up exactly and
+    // the statistics are always those of one whole forward: the last one to publish.
+    mutable std::mutex published;
     twFfnStats_t stats{0, 0.0, 0, 0, 0.0};
     std::vector<int64_t> neuron_counts;
 };
@@ -123,28 +129,37 @@ void forward_rows(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
     }
 }
 
-/// Accumulates the statistics of one forward, then publishes them on the FFN.
+/// Accumulates the statistics and neuron counts of one forward privately, then publishes them on
+/// the FFN whole, under its lock: concurrent forwards on one FFN each add their counts exactly,
+/// and the statistics are those of the forward that published last.
 struct StatsAccumulator {
     const twFfnDescr &ffn;
     RefFfnState &st;
     int64_t total = 0, max_row = 0, overflow = 0;
     double l1 = 0.0;
+    std::vector<int64_t> counts{};  // this forward's per-unit counts (H values, allocated on first use)
     void add(const RowActivity &a) {
         const int64_t n = static_cast<int64_t>(a.cols.size());
         total += n;
         max_row = std::max(max_row, n);
         overflow += overflows_tile(ffn, a.cols);
+        if (n > 0 && counts.empty()) counts.assign(static_cast<size_t>(ffn.hidden_dim), 0);
         for (size_t i = 0; i < a.cols.size(); ++i) {
             l1 += std::fabs(static_cast<double>(a.h[i]));
-            ++st.neuron_counts[a.cols[i]];
+            ++counts[static_cast<size_t>(a.cols[i])];
         }
     }
     void publish(int64_t tokens) {
-        st.stats.tokens = tokens;
-        st.stats.meanRowNnz = tokens ? static_cast<double>(total) / static_cast<double>(tokens) : 0.0;
-        st.stats.maxRowNnz = max_row;
-        st.stats.overflowRows = overflow;
-        st.stats.l1 = tokens ? l1 / static_cast<double>(tokens) : 0.0;
+        twFfnStats_t s;
+        s.tokens = tokens;
+        s.meanRowNnz = tokens ? static_cast<double>(total) / static_cast<double>(tokens) : 0.0;
+        s.maxRowNnz = max_row;
+        s.overflowRows = overflow;
+        s.l1 = tokens ? l1 / static_cast<double>(tokens) : 0.0;
+        std::lock_guard<std::mutex> lock(st.published);
+        st.stats = s;
+        if (!counts.empty())
+            for (size_t j = 0; j < counts.size(); ++j) st.neuron_counts[j] += counts[j];
     }
 };
 
@@ -245,16 +260,22 @@ void ReferenceBackend::ffn_forward(twFfnDescr &ffn, const twDnMatDescr &x, const
     stats.publish(x.rows);
 }
 
-twFfnStats_t ReferenceBackend::ffn_stats(const twFfnDescr &ffn) { return state_of(ffn).stats; }
+twFfnStats_t ReferenceBackend::ffn_stats(const twFfnDescr &ffn) {
+    const RefFfnState &st = state_of(ffn);
+    std::lock_guard<std::mutex> lock(st.published);
+    return st.stats;
+}
 
 void ReferenceBackend::ffn_neuron_counts(const twFfnDescr &ffn, int64_t *counts) {
-    const auto &c = state_of(ffn).neuron_counts;
-    std::copy(c.begin(), c.end(), counts);
+    const RefFfnState &st = state_of(ffn);
+    std::lock_guard<std::mutex> lock(st.published);
+    std::copy(st.neuron_counts.begin(), st.neuron_counts.end(), counts);
 }
 
 void ReferenceBackend::ffn_reset_neuron_counts(twFfnDescr &ffn) {
-    auto &c = state_of(ffn).neuron_counts;
-    std::fill(c.begin(), c.end(), 0);
+    RefFfnState &st = state_of(ffn);
+    std::lock_guard<std::mutex> lock(st.published);
+    std::fill(st.neuron_counts.begin(), st.neuron_counts.end(), 0);
 }
 
 // ---- training ------------------------------------------------------------------------------

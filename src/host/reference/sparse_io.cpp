@@ -130,6 +130,7 @@ void SparseReader::row(int64_t r, std::vector<int32_t> &cols, std::vector<ValueB
             const uint32_t *block = words + l.block(r, t);
             const int64_t count = std::min<int64_t>(block[0] & kTwellCountMask, l.slots);
             for (int64_t i = 0; i < count; ++i) {
+                if (!is_stored_nonzero(twell_entry_bits(block[1 + i]))) continue;  // a stored +0: no value
                 cols.push_back(static_cast<int32_t>(twell_entry_col(block[1 + i])));
                 bits.push_back(twell_entry_bits(block[1 + i]));
             }
@@ -142,8 +143,10 @@ void SparseReader::row(int64_t r, std::vector<int32_t> &cols, std::vector<ValueB
             const uint16_t *ecols = at<uint16_t>(base_, l.ell_cols) + r * l.ell_width;
             const uint8_t *evals = base_ + l.ell_vals + static_cast<size_t>(r * l.ell_width) * l.value_bytes;
             for (int64_t i = 0; i < n; ++i) {
+                const ValueBits b = read_bits(evals, static_cast<size_t>(i), l.value_bytes);
+                if (!is_stored_nonzero(b)) continue;  // a stored +0: no value
                 cols.push_back(ecols[i]);
-                bits.push_back(read_bits(evals, static_cast<size_t>(i), l.value_bytes));
+                bits.push_back(b);
             }
         } else if (slot >= 0) {
             const uint8_t *dense = base_ + l.backup_vals + static_cast<size_t>(slot * l.cols) * l.value_bytes;

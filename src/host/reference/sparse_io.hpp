@@ -39,7 +39,9 @@ class SparseReader {
     explicit SparseReader(const twSpMatDescr &s);
     /// Rows whose values are not all stored (TwELL overflow rows; hybrid rows past capacity).
     int64_t incomplete_rows() const;
-    /// Appends row r's stored entries to cols/bits, sorted by column.
+    /// Appends row r's values to cols/bits, sorted by column: its stored entries but those holding
+    /// +0 (legal in a container, docs/formats.md 1.3), so that a stored zero reads as an unstored
+    /// one and a re-packed row never counts it among its non-zeros.
     void row(int64_t r, std::vector<int32_t> &cols, std::vector<ValueBits> &bits) const;
     /// Value of stored bits as fp32.
     float value(ValueBits b) const;
