@@ -32,7 +32,14 @@
  *  - compute calls never allocate device memory and never synchronise; scratch comes from the
  *    caller through a *_bufferSize function and a workspace pointer;
  *  - bad arguments give ::TW_STATUS_INVALID_VALUE and leave every output untouched;
- *    twGetErrorMessage() names the argument and the reason.
+ *    twGetErrorMessage() names the argument and the reason;
+ *  - threads (docs/api-guide.md, section 9): a handle is used by one thread at a time (one per
+ *    thread: they are cheap); dense and sparse descriptors are immutable and may be read by any
+ *    number of calls at once; an FFN descriptor may be shared by threads, handles and streams
+ *    for every compute call, twFfnGetStats, twFfnGetNeuronCounts and twFfnResetNeuronCounts
+ *    (neuron counts exact; the statistics are those of the forward that published last), but
+ *    not while twFfnSetAttribute, twFfnUpdateWeights or twDestroyFfn run on it; calls that may
+ *    run at the same time must not write the same memory (outputs, workspaces, saved states).
  * Formats: docs/formats.md (bit-level TwELL and hybrid layouts).
  */
 #ifndef TWBLAS_TWBLAS_H
