@@ -81,22 +81,22 @@ twStatus_t HostStaged::sparse_to_dense(cudaStream_t stream, const twSpMatDescr &
     return st;
 }
 
-twStatus_t HostStaged::sparse_convert(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out) {
+twStatus_t HostStaged::sparse_to_sparse(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out,
+                                        twStatus_t (Backend::*op)(const twSpMatDescr &, const twSpMatDescr &)) {
     require_device_accessible(in.buffer, "in");
     require_device_accessible(out.buffer, "out");
     StagedSparse hi(stream, in), ho(stream, out);
-    const twStatus_t st = ref_.sparse_convert(hi.d, ho.d);
-    ho.buf.write_back();
+    const twStatus_t st = (ref_.*op)(hi.d, ho.d);
+    ho.buf.write_back();  // also after CAPACITY_EXCEEDED: `out` records what did not fit
     return st;
 }
 
+twStatus_t HostStaged::sparse_convert(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out) {
+    return sparse_to_sparse(stream, in, out, &Backend::sparse_convert);
+}
+
 twStatus_t HostStaged::sparse_transpose(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out) {
-    require_device_accessible(in.buffer, "in");
-    require_device_accessible(out.buffer, "out");
-    StagedSparse hi(stream, in), ho(stream, out);
-    const twStatus_t st = ref_.sparse_transpose(hi.d, ho.d);
-    ho.buf.write_back();
-    return st;
+    return sparse_to_sparse(stream, in, out, &Backend::sparse_transpose);
 }
 
 twStatus_t HostStaged::capacity_status(cudaStream_t stream, const twSpMatDescr &out) {

@@ -25,6 +25,9 @@ class HostStaged {
     twStatus_t capacity_status(cudaStream_t stream, const twSpMatDescr &out);
 
   private:
+    /// A sparse -> sparse operation of the reference on host copies; `out` is copied back.
+    twStatus_t sparse_to_sparse(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out,
+                                twStatus_t (Backend::*op)(const twSpMatDescr &, const twSpMatDescr &));
     Backend &ref_;
 };
 
