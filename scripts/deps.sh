@@ -18,20 +18,35 @@ for arg in "$@"; do
   esac
 done
 
+# the CUDA backend (built where nvcc is found) includes the CUTLASS / CuTe headers: the PyPI package
+# nvidia-cutlass, headers only, into .deps/cutlass (CMake looks there)
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cutlass_dir="$root/.deps/cutlass"
+need_cutlass=0
+if command -v nvcc >/dev/null 2>&1 && [[ ! -f "$cutlass_dir/cutlass_library/source/include/cute/arch/mma_sm80.hpp" ]]; then
+  need_cutlass=1
+  python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [[ ${#missing[@]} -eq 0 ]]; then
-  exit 0
+if [[ ${#missing[@]} -gt 0 ]]; then
+  if [[ $(id -u) -eq 0 ]]; then
+    echo "twblas: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "twblas: missing packages; install them with:" >&2
+    echo "  sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
 fi
-if [[ $(id -u) -eq 0 ]]; then
-  echo "twblas: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-else
-  echo "twblas: missing packages; install them with:" >&2
-  echo "  sudo apt-get install -y ${missing[*]}" >&2
-  exit 1
+if [[ $need_cutlass -eq 1 ]]; then
+  echo "twblas: installing the CUTLASS headers (PyPI nvidia-cutlass) into .deps/cutlass"
+  # a folder of the project's own (--target), so no system environment is touched
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$cutlass_dir" nvidia-cutlass==4.2.0.0
 fi

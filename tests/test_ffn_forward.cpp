@@ -78,6 +78,40 @@ TEST_CASE("forward: odd shapes and layouts", "[ffn][forward]" TWTEST_BACKEND_TAG
             }
 }
 
+TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile", "[ffn][forward][serving]" TWTEST_BACKEND_TAG) {
+    // The CUDA backend's serving path (kernels/serve.cuh) covers up to 64 tokens; past that the
+    // cuBLAS-gate paths. D = 203 (x rows padded to 208, so they start on 16 bytes but end in a
+    // partial chunk), H = 1001 (a partial last mask word and TwELL tile).
+    uint64_t seed = 900;
+    for (int64_t m : {1, 2, 3, 5, 8, 13, 64, 100, 257, 512})
+        for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})
+            for (bool gated : {true, false}) {
+                FfnCase c;
+                c.m = m;
+                c.d = 203;
+                c.h = 1001;
+                c.x_pad = 5;
+                c.k = 29;
+                c.gated = gated;
+                c.profile = profile;
+                c.hidden = m % 2 == 1 ? 1 : 0;  // a TwELL hidden output on every other size
+                c.seed = ++seed;
+                check_forward_case(c);
+            }
+    // the team shapes of the model dimensions users run: 1, 2 and 4 warps per token
+    for (int64_t d : {256, 2048, 4096})
+        for (int64_t m : {1, 13, 64}) {
+            FfnCase c;
+            c.m = m;
+            c.d = d;
+            c.h = 2 * d + 40;
+            c.k = 29;
+            c.profile = tt::Profile::Llm;
+            c.seed = ++seed;
+            check_forward_case(c);
+        }
+}
+
 TEST_CASE("forward: heavy rows are exact and flagged; the hidden outputs record them",
           "[ffn][forward][overflow]" TWTEST_BACKEND_TAG) {
     SECTION("TwELL and hybrid hidden outputs") {

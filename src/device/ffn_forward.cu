@@ -25,6 +25,7 @@
 #include "kernels/fused.cuh"
 #include "kernels/pack.cuh"
 #include "kernels/saved_state.cuh"
+#include "kernels/serve.cuh"
 #include "kernels/two_pass.cuh"
 #include "sparse_ops.hpp"
 
@@ -36,21 +37,27 @@ GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d
 
 /// What one forward runs, chosen before anything is enqueued (and part of a captured call's key).
 struct ForwardPath {
+    bool serve;           // the serving path: tensor-core gate with masks, then one gather kernel
     bool decode;          // the one-kernel decode path
     bool dense_mode;      // projections as cuBLAS GEMMs over every row
     bool two_pass;        // sparse rows through the two-pass kernels (else the fused kernel)
     int64_t cublas_rows;  // rows of the dense list that go through cuBLAS GEMMs
 };
 
-ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &y, bool training) {
+ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x, const twDnMatDescr &y,
+                        bool training) {
     ForwardPath path{};
-    path.decode = !training && heuristics::decode_applies(p);
+    // serving: x rows go straight into the MMA fragments, so they must start on 16 bytes; after a
+    // forward that chose dense mode the cuBLAS projections win
+    path.serve = !training && heuristics::serve_applies(p) && rows_aligned16(matrix_arg(x)) &&
+                 !(st.dense_mode && !p.deterministic);
+    path.decode = !training && !path.serve && heuristics::decode_applies(p);
     // deterministic mode never switches (bits would depend on history); fp32 intermediates have
     // no cuBLAS form here, so they stay sparse too
     const bool cublas = !p.deterministic && p.cublas_ok() && p.m > 0;
-    path.dense_mode = !path.decode && cublas && st.dense_mode && y.order == TW_ORDER_ROW && y.ld % 8 == 0;
+    path.dense_mode = !path.serve && !path.decode && cublas && st.dense_mode && y.order == TW_ORDER_ROW && y.ld % 8 == 0;
     path.two_pass = training || heuristics::two_pass_applies(p);
-    path.cublas_rows = !path.decode && !path.dense_mode && cublas
+    path.cublas_rows = !path.serve && !path.decode && !path.dense_mode && cublas
                            ? heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m)
                            : 0;
     return path;
@@ -82,6 +89,67 @@ void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w
     decode_reduce<T><<<rgrid, 256, static_cast<size_t>(a.nblk) * 4, stream>>>(a, static_cast<T *>(y.ptr), y.rs, y.cs,
                                                                                 p.slots, s.count, s.row_nnz, s.row_l1);
     check_launch("decode_reduce");
+}
+
+/// The serving path: serve_gate, then serve_sparse joined to it by programmatic dependent launch
+/// (its blocks start as the gate's finish, and wait on the device for the gate's results).
+template <class T, int NT>
+void launch_serve_gate(cudaStream_t stream, const ServeArgs<T> &a) {
+    constexpr int U = NT <= 2 ? 4 : 2;  // 16-byte loads in flight per lane: 20 to 24
+    serve_gate<T, NT, U><<<static_cast<unsigned>(ceil_div(a.h, kServeGateUnits)), 32 * kServeGateWarps, 0, stream>>>(a);
+    check_launch("serve_gate");
+}
+
+template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const ServeArgs<T> &a, int warps) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(a.m), static_cast<unsigned>(a.splits));
+    cfg.blockDim = dim3(static_cast<unsigned>(32 * warps));
+    cfg.dynamicSmemBytes = static_cast<size_t>(a.words / a.splits + 1) * sizeof(uint32_t);  // <= 8 KB (H <= 65536)
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check(cudaLaunchKernelEx(&cfg, serve_sparse<T, V>, a), "cudaLaunchKernelEx(serve_sparse)");
+}
+
+template <class T>
+void launch_serve(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const FfnWeights &w,
+                  const MatrixArg &x, const MatrixArg &y, const FfnScratch &s, unsigned long long *neuron_counts,
+                  bool write_h) {
+    ServeArgs<T> a{};
+    a.x = static_cast<const T *>(x.ptr), a.x_rs = x.rs, a.m = static_cast<int>(p.m);
+    a.d = p.d, a.dp = p.dp, a.h = p.h;
+    a.wgate = static_cast<const T *>(w.gate), a.pair = static_cast<const T *>(w.pair), a.pair_stride = w.pair_stride;
+    a.gated = p.gated, a.write_h = write_h;
+    a.gate = static_cast<T *>(s.gate), a.ldg = s.ldg;
+    a.masks = s.serve_masks, a.words = s.serve_words, a.tickets = s.serve_tickets;
+    a.neuron_counts = neuron_counts;
+    a.y = static_cast<T *>(y.ptr), a.y_rs = y.rs, a.y_cs = y.cs, a.y_vec = rows_vectorizable(y, p.d);
+    a.splits = s.splits, a.partial = s.partial;
+    a.tile = p.tile, a.slots = p.slots, a.row_limit = s.row_limit;
+    a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
+    a.stats = st.stats_block(), a.publish = st.feedback.device();
+    if (p.m <= 8)
+        launch_serve_gate<T, 1>(stream, a);
+    else if (p.m <= 16)
+        launch_serve_gate<T, 2>(stream, a);
+    else if (p.m <= 32)
+        launch_serve_gate<T, 4>(stream, a);
+    else
+        launch_serve_gate<T, 8>(stream, a);
+    static_assert(heuristics::kServeMaxTokens <= 64, "serve_gate instantiates up to 8 token tiles");
+    // the fused kernel's team shape: up to 4 chunks per lane, as many warps as that needs
+    constexpr int E = Chunk<T>::n;
+    const int warps = std::max(1, ceil_div(p.dp, int64_t{heuristics::kFusedWarpChunks} * 32 * E));
+    const int v_needed = ceil_div(p.dp, static_cast<int64_t>(warps) * 32 * E);
+    if (v_needed <= 1)
+        launch_serve_sparse<T, 1>(stream, a, warps);
+    else if (v_needed <= 2)
+        launch_serve_sparse<T, 2>(stream, a, warps);
+    else
+        launch_serve_sparse<T, 4>(stream, a, warps);
 }
 
 template <class T>
@@ -266,6 +334,16 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
     const FfnScratch s = carve_ffn_scratch(workspace, p, nullptr);
     const FfnWeights w = st.weights(p);
     const MatrixArg xa = matrix_arg(x), ya = matrix_arg(y);
+    if (path.serve) {
+        if constexpr (!std::is_same_v<T, float>) {
+            launch_serve<T>(stream, st, p, w, xa, ya, s, st.neuron_counts(), hidden != nullptr);
+            if (hidden) {  // h over the gate buffer, 0 for inactive units (serve_gate wrote them)
+                const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, p.type};
+                write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags);
+            }
+        }
+        return;
+    }
     if (path.decode) {
         if constexpr (!std::is_same_v<T, float>) launch_decode<T>(stream, p, w, xa, ya, s, st.neuron_counts(), hidden);
         launch_finish<T>(stream, st, p, s, false, 0, hidden);
@@ -333,7 +411,7 @@ CallKey inference_key(const FfnProblem &p, const ForwardPath &path, const twDnMa
                       const twSpMatDescr *hidden, const void *workspace) {
     CallKey k;
     k.add(p.m).add(p.highest).add(p.deterministic).add(p.tile).add(p.slots);
-    k.add(path.decode).add(path.dense_mode).add(path.two_pass).add(path.cublas_rows);
+    k.add(path.serve).add(path.decode).add(path.dense_mode).add(path.two_pass).add(path.cublas_rows);
     for (const twDnMatDescr *d : {&x, &y}) k.add(d->values).add(d->ld).add(d->order);
     k.add(workspace).add(hidden);
     if (hidden) {
@@ -352,7 +430,7 @@ void ffn_forward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr 
     const FfnProblem p = problem_of(ffn, x.rows);
     std::lock_guard<std::mutex> lock(st.mutex);
     absorb_feedback(st);
-    const ForwardPath path = choose_path(st, p, y, false);
+    const ForwardPath path = choose_path(st, p, x, y, false);
     const CallKey key = inference_key(p, path, x, y, hidden, workspace);
     if (!st.calls.seen(key)) {  // once per argument set: a replayed call's pointers were checked
         require_device_accessible(x.values, "X");
@@ -375,7 +453,7 @@ void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMat
     require_device_accessible(workspace, "workspace");
     std::lock_guard<std::mutex> lock(st.mutex);
     absorb_feedback(st);
-    const ForwardPath path = choose_path(st, p, y, true);
+    const ForwardPath path = choose_path(st, p, x, y, true);
     by_type(p.type, [&](auto tag) { enqueue_training<decltype(tag)>(stream, st, p, path, x, y, saved, workspace); });
 }
 

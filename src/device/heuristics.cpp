@@ -10,6 +10,10 @@ bool decode_applies(const FfnProblem &p) {
     return p.m >= 1 && p.m <= kDecodeMaxTokens && !p.gate_f32() && p.dp <= 4096;
 }
 
+bool serve_applies(const FfnProblem &p) {
+    return p.m >= 1 && p.m <= kServeMaxTokens && !p.gate_f32() && p.dp <= max_model_dim(p.type);
+}
+
 bool two_pass_applies(const FfnProblem &p) { return p.m >= kTwoPassMinTokens; }
 
 int fused_splits(int64_t tokens) {

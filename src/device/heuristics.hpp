@@ -23,6 +23,17 @@ namespace heuristics {
 constexpr int64_t kDecodeMaxTokens = 4;
 bool decode_applies(const FfnProblem &p);
 
+/// Serving (1 to this many tokens, 16-bit, DEFAULT precision): the tensor-core gate that writes
+/// the active-unit masks in its epilogue, then one gather kernel (kernels/serve.cuh): two launches
+/// in all. Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0 turns the path off) to time it against
+/// the other paths at the same M.
+#ifdef TWBLAS_SERVE_MAX_TOKENS
+constexpr int64_t kServeMaxTokens = TWBLAS_SERVE_MAX_TOKENS;
+#else
+constexpr int64_t kServeMaxTokens = 64;
+#endif
+bool serve_applies(const FfnProblem &p);
+
 /// From this many tokens the sparse rows go through the two-pass kernels (a warp per active
 /// unit for u and h, then y by 512-column slices); below it through the fused kernel, whose
 /// units of a token are dealt to several teams (see fused_splits). Measured on an H100 at the

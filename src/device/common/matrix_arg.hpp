@@ -22,9 +22,11 @@ inline MatrixArg matrix_arg(const twDnMatDescr &d) {
 
 /// Rows of `cols` values (a multiple of 8) that are contiguous and 16-byte aligned: kernels read
 /// and write them in 16-byte chunks.
-inline bool rows_vectorizable(const MatrixArg &m, int64_t cols) {
+/// Row-major with every row starting on 16 bytes (a row's last partial chunk is the reader's).
+inline bool rows_aligned16(const MatrixArg &m) {
     return m.cs == 1 && (m.rs * static_cast<int64_t>(elem_bytes(m.type))) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(m.ptr) % 16 == 0 && cols % 8 == 0;
+           reinterpret_cast<uintptr_t>(m.ptr) % 16 == 0;
 }
+inline bool rows_vectorizable(const MatrixArg &m, int64_t cols) { return rows_aligned16(m) && cols % 8 == 0; }
 
 }  // namespace twblas::cuda

@@ -2,7 +2,6 @@
 // finish, the statistics reduced in a fixed order (deterministic) and published for the host.
 #pragma once
 
-#include <cub/block/block_reduce.cuh>
 #include "common/values.cuh"
 #include "common/warp.cuh"
 #include "ffn_layout.hpp"
@@ -10,10 +9,58 @@
 
 namespace twblas::cuda {
 
-struct MaxOp {
-    __device__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
-};
 
+/// A sum or maximum over the block (blockDim.x a multiple of 32): butterfly within warps, then
+/// the warps in order (deterministic for a given block size). `scratch`: 32 values.
+template <class V, class Op> __device__ inline V block_reduce(V v, Op op, V *scratch) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, o));
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    V total = scratch[0];
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) total = op(total, scratch[w]);
+    __syncthreads();
+    return total;
+}
+
+/// The statistics of a forward reduced in a fixed order (deterministic) by the block that
+/// finishes it, then published to the host when they changed. `last_record`: the last
+/// published record, loaded by thread 0 early (its latency hidden).
+__device__ inline void reduce_and_publish_statistics(int64_t m, int64_t h, const int32_t *row_nnz, const int32_t *count,
+                                                     const float *row_l1, FfnStatsBlock *block, FfnFeedback *publish,
+                                                     uint4 last_record) {
+    long long nnz = 0, mx = 0, over = 0, dense = 0;
+    double l1 = 0.0;
+    for (int64_t r = threadIdx.x; r < m; r += blockDim.x) {
+        const int32_t n = __ldcg(row_nnz + r), c = __ldcg(count + r);  // other blocks wrote them
+        nnz += n;
+        mx = max(mx, static_cast<long long>(n));
+        over += c == -1;
+        dense += c < 0;
+        l1 += __ldcg(row_l1 + r);
+    }
+    __shared__ long long scratch_l[32];
+    __shared__ double scratch_d[32];
+    const auto sum = [](auto x, auto y) { return x + y; };
+    const long long tn = block_reduce(nnz, sum, scratch_l);
+    const long long tm = block_reduce(mx, [](long long x, long long y) { return x > y ? x : y; }, scratch_l);
+    const long long to = block_reduce(over, sum, scratch_l);
+    const long long td = block_reduce(dense, sum, scratch_l);
+    const double tl = block_reduce(l1, sum, scratch_d);
+    if (threadIdx.x == 0) {
+        block->last = FfnDeviceStats{m, tn, tm, to, td, tl};
+        // publish what steers the path choice to the host (mapped memory), when it changed:
+        // one 16-byte store with a check word, so that a torn read is recognised
+        const double mean = m > 0 ? static_cast<double>(tn) / static_cast<double>(m) : 0.0;
+        const float share = m > 0 ? static_cast<float>(static_cast<double>(td) / static_cast<double>(m)) : 0.0f;
+        const uint32_t mode = heuristics::dense_mode_after(mean, share, h) ? 1u : 0u;
+        const uint32_t share_bits = __float_as_uint(share);
+        if (last_record.z != 1u || last_record.x != mode || last_record.y != share_bits) {
+            const uint4 record = make_uint4(mode, share_bits, 1u, feedback_check(mode, share_bits));
+            *reinterpret_cast<uint4 *>(&block->published) = record;
+            *reinterpret_cast<uint4 *>(publish) = record;
+        }
+    }
+}
 
 /// The l1 of the rows on the dense path (one warp per row), then, in the last block to finish,
 /// the statistics reduced in a fixed order.
@@ -50,46 +97,7 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const int64_t per = (m + kFinalThreads - 1) / kFinalThreads;
-    const int64_t lo = min(m, threadIdx.x * per), hi = min(m, lo + per);
-    long long nnz = 0, mx = 0, over = 0, dense = 0;
-    double l1 = 0.0;
-    for (int64_t r = lo; r < hi; ++r) {
-        nnz += row_nnz[r];
-        mx = max(mx, static_cast<long long>(row_nnz[r]));
-        over += count[r] == -1;
-        dense += count[r] < 0;
-        l1 += static_cast<volatile const float *>(row_l1)[r];
-    }
-    using ReduceL = cub::BlockReduce<long long, kFinalThreads>;
-    using ReduceD = cub::BlockReduce<double, kFinalThreads>;
-    __shared__ union {
-        typename ReduceL::TempStorage l;
-        typename ReduceD::TempStorage d;
-    } temp;
-    const long long tn = ReduceL(temp.l).Sum(nnz);
-    __syncthreads();
-    const long long tm = ReduceL(temp.l).Reduce(mx, MaxOp{});
-    __syncthreads();
-    const long long to = ReduceL(temp.l).Sum(over);
-    __syncthreads();
-    const long long td = ReduceL(temp.l).Sum(dense);
-    __syncthreads();
-    const double tl = ReduceD(temp.d).Sum(l1);
-    if (threadIdx.x == 0) {
-        block->last = FfnDeviceStats{m, tn, tm, to, td, tl};
-        // publish what steers the path choice to the host (mapped memory), when it changed:
-        // one 16-byte store with a check word, so that a torn read is recognised
-        const double mean = m > 0 ? static_cast<double>(tn) / static_cast<double>(m) : 0.0;
-        const float share = m > 0 ? static_cast<float>(static_cast<double>(td) / static_cast<double>(m)) : 0.0f;
-        const uint32_t mode = heuristics::dense_mode_after(mean, share, h) ? 1u : 0u;
-        const uint32_t share_bits = __float_as_uint(share);
-        if (last_record.z != 1u || last_record.x != mode || last_record.y != share_bits) {
-            const uint4 record = make_uint4(mode, share_bits, 1u, feedback_check(mode, share_bits));
-            *reinterpret_cast<uint4 *>(&block->published) = record;
-            *reinterpret_cast<uint4 *>(publish) = record;
-        }
-    }
+    reduce_and_publish_statistics(m, h, row_nnz, count, row_l1, block, publish, last_record);
 }
 
 }  // namespace twblas::cuda

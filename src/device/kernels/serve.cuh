@@ -1,0 +1,374 @@
+// The serving path (1 to kServeMaxTokens tokens, 16-bit types): two launches joined by
+// programmatic dependent launch, so that the second one's start hides behind the first one's end.
+//   serve_gate    the gate on tensor cores, streaming Wg once: a block owns 32 units and its warps
+//                 split K; its epilogue writes g of the active units (0 elsewhere) and, per token,
+//                 one 32-bit word with the block's active units (no pass over the gate later);
+//   serve_sparse  a team per (token, split): the split's active units in ascending order, their
+//                 [Wu_j | Wd_j] rows read once, y accumulated in registers; the last team of a
+//                 token sums the splits in split order, and the last token finishes the
+//                 statistics (deterministic everywhere: no floating-point atomics).
+// Every row goes through the gathers, however many units it has, so no row takes a dense path
+// here (rows too dense for gathers to pay are what dense mode, chosen from the statistics, is for).
+#pragma once
+
+#include <cute/arch/mma_sm80.hpp>
+
+#include "common/values.cuh"
+#include "common/warp.cuh"
+#include "kernels/finalize.cuh"
+
+namespace twblas::cuda {
+
+constexpr int kServeGateUnits = 32;  // units per gate block: two 16-row MMA tiles, one mask word
+constexpr int kServeGateWarps = 4;   // warps per gate block, splitting K (fixed: the sum order)
+
+template <class T> struct ServeArgs {
+    const T *x;
+    int64_t x_rs;  // row-major, 16-byte aligned rows (the path requires it)
+    int m;
+    int64_t d, dp, h;
+    const T *wgate;  // H x dp, zero padded
+    const T *pair;   // [Wu_j | Wd_j] (gated) or [Wd_j]
+    int64_t pair_stride;
+    bool gated, write_h;
+    T *gate;  // M x ldg: g of the active units, 0 elsewhere; h over g when write_h
+    int64_t ldg;
+    uint32_t *masks;  // M x words: bit b of word w of token t: unit 32 w + b is active
+    int64_t words;
+    uint32_t *tickets;  // M per-token tickets, then one for the whole grid (zeroed by serve_gate)
+    unsigned long long *neuron_counts;
+    T *y;
+    int64_t y_rs, y_cs;
+    bool y_vec;
+    int splits;
+    float *partial;  // splits x M x dp partial rows, then splits x M l1 (splits > 1)
+    int tile, slots, row_limit;
+    int32_t *count, *row_nnz;
+    float *row_l1;
+    FfnStatsBlock *stats;
+    FfnFeedback *publish;
+};
+
+template <class T> struct MmaOf;
+template <> struct MmaOf<__nv_bfloat16> {
+    using Op = cute::SM80_16x8x16_F32BF16BF16F32_TN;
+};
+template <> struct MmaOf<__half> {
+    using Op = cute::SM80_16x8x16_F32F16F16F32_TN;
+};
+
+/// x[token][k0, k0 + 8) of a row-major x, zeros past d.
+template <class T> __device__ inline uint4 serve_x_chunk(const T *row, int64_t k0, int64_t d) {
+    if (k0 + 8 <= d) return *reinterpret_cast<const uint4 *>(row + k0);
+    T tmp[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) tmp[e] = k0 + e < d ? row[k0 + e] : Value<T>::from_float(0.0f);
+    return *reinterpret_cast<const uint4 *>(tmp);
+}
+
+__device__ inline uint32_t word_of(const uint4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// ---- serve_gate: Z = Wg X^T for 32 units x 8 NT tokens per block. The K order of a dot product
+// does not change its value, so each lane loads 8 consecutive k (16 bytes) of its weight rows and
+// of its token's x and feeds them to the MMA in the fragment slots of k = 2q, 2q + 1, 2q + 8,
+// 2q + 9: weights and x go straight from memory into registers, no shared-memory staging. U
+// chunks of 32 k are loaded before any is used (loads in flight for the memory system).
+template <class T, int NT, int U> __global__ void __launch_bounds__(32 * kServeGateWarps) serve_gate(ServeArgs<T> a) {
+    __shared__ float red[kServeGateWarps][2][NT][4][32];
+    __shared__ float z[kServeGateUnits][8 * NT + 1];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
+    if (blockIdx.x == 0)  // serve_sparse's tickets (it waits for this grid before reading them)
+        for (int i = threadIdx.x; i <= a.m; i += blockDim.x) a.tickets[i] = 0;
+
+    const T *wrow[4];  // rows g, g + 8, g + 16, g + 24 of the block's units
+    bool wok[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int64_t unit = unit0 + g + 8 * r;
+        wok[r] = unit < a.h;
+        wrow[r] = a.wgate + (wok[r] ? unit : 0) * a.dp;
+    }
+    const T *xrow[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const int token = 8 * n + g;
+        xok[n] = token < a.m;
+        xrow[n] = a.x + (xok[n] ? token : 0) * a.x_rs;
+    }
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][n][i] = 0.0f;
+
+    const int64_t chunks = (a.dp + 31) / 32;
+    using Mma = typename MmaOf<T>::Op;
+    for (int64_t c0 = warp; c0 < chunks; c0 += kServeGateWarps * U) {
+        uint4 av[U][4], bv[U][NT];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t k0 = (c0 + u * kServeGateWarps) * 32 + q * 8;
+            const bool kok = k0 < a.dp;  // dp is a multiple of 8: whole 16-byte chunks
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+                av[u][r] = kok && wok[r] ? __ldcs(reinterpret_cast<const uint4 *>(wrow[r] + k0)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) bv[u][n] = kok && xok[n] ? serve_x_chunk(xrow[n], k0, a.d) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int s = 0; s < 2; ++s)  // words 2s, 2s + 1 of each chunk: one k16 step
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int n = 0; n < NT; ++n)
+                        Mma::fma(acc[mt][n][0], acc[mt][n][1], acc[mt][n][2], acc[mt][n][3],
+                                 word_of(av[u][2 * mt], 2 * s), word_of(av[u][2 * mt + 1], 2 * s),
+                                 word_of(av[u][2 * mt], 2 * s + 1), word_of(av[u][2 * mt + 1], 2 * s + 1),
+                                 word_of(bv[u][n], 2 * s), word_of(bv[u][n], 2 * s + 1), acc[mt][n][0], acc[mt][n][1],
+                                 acc[mt][n][2], acc[mt][n][3]);
+    }
+    // the warps' K parts summed in warp order
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) red[warp][mt][n][i][lane] = acc[mt][n][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < 2 * NT * 4 * 32; e += blockDim.x) {
+        const int l = e & 31, i = (e >> 5) & 3, n = (e >> 7) % NT, mt = (e >> 7) / NT;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kServeGateWarps; ++w) v += red[w][mt][n][i][l];
+        // accumulator i of lane l: unit 16 mt + l / 4 (+ 8 for i >= 2), token 8 n + 2 (l % 4) + i % 2
+        z[16 * mt + (l >> 2) + (i >> 1) * 8][8 * n + 2 * (l & 3) + (i & 1)] = v;
+    }
+    __syncthreads();
+    // epilogue: a warp per token, a lane per unit
+    const int64_t unit = unit0 + lane;
+    unsigned fired = 0;
+    for (int t = warp; t < a.m; t += kServeGateWarps) {
+        const float gv = round_to<T>(z[lane][t]);
+        const bool on = unit < a.h && relu_active(gv);
+        const unsigned mask = __ballot_sync(kFullMask, on);
+        if (unit < a.h) a.gate[t * a.ldg + unit] = Value<T>::from_float(on ? gv : 0.0f);
+        if (lane == 0) a.masks[t * a.words + blockIdx.x] = mask;
+        fired += on;
+    }
+    if (a.neuron_counts && fired) atomicAdd(a.neuron_counts + unit, static_cast<unsigned long long>(fired));
+    // everything serve_sparse reads is written: let it start
+#if __CUDA_ARCH__ >= 900
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+// ---- serve_sparse: a team of W warps per (token, split); V 16-byte chunks of a row per thread
+
+/// A token's statistics from its mask words, by the block: active units, -1 when a TwELL tile
+/// holds more than `slots` of them, -2 when the row is long (both only for the statistics and
+/// the path choice: the row was computed exactly either way).
+template <class T> __device__ inline void serve_row_counts(const ServeArgs<T> &a, int64_t t, int32_t *shared_totals) {
+    const uint32_t *mw = a.masks + t * a.words;
+    const int64_t tiles = (a.h + a.tile - 1) / a.tile, per_tile = a.tile / 32;
+    int total = 0, over = 0;
+    for (int64_t i = threadIdx.x; i < tiles; i += blockDim.x) {
+        int n = 0;
+        for (int64_t w = i * per_tile; w < min(a.words, (i + 1) * per_tile); ++w) n += __popc(__ldcg(mw + w));
+        total += n;
+        over |= n > a.slots;
+    }
+    total = __reduce_add_sync(kFullMask, total);
+    over = __reduce_or_sync(kFullMask, over);
+    if ((threadIdx.x & 31) == 0) shared_totals[threadIdx.x / 32] = total | (over << 30);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int sum = 0, any_over = 0;
+        for (unsigned w = 0; w < blockDim.x / 32; ++w) sum += shared_totals[w] & ~(1 << 30), any_over |= shared_totals[w] >> 30;
+        a.row_nnz[t] = sum;
+        a.count[t] = any_over ? -1 : sum > a.row_limit ? -2 : sum;
+    }
+}
+
+template <class T, int V> __global__ void __launch_bounds__(256) serve_sparse(ServeArgs<T> a) {
+    constexpr int E = Chunk<T>::n;
+    extern __shared__ uint32_t split_masks[];  // this split's mask words
+    __shared__ float dots[2][8];
+    __shared__ int32_t totals[8];
+    __shared__ bool last;
+    const int threads = blockDim.x, warps = threads / 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
+    const int64_t t = blockIdx.x;
+    const int split = blockIdx.y, splits = a.splits;
+    uint4 last_record = make_uint4(0, 0, 0, 0);
+    if (tid == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
+
+    // x_t in registers (x does not come from serve_gate: read it before the wait)
+    uint4 xc[V];
+#pragma unroll
+    for (int c = 0; c < V; ++c) {
+        const int64_t k0 = (static_cast<int64_t>(c) * threads + tid) * E;
+        xc[c] = k0 < a.dp ? serve_x_chunk(a.x + t * a.x_rs, k0, a.d) : make_uint4(0, 0, 0, 0);
+    }
+#if __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();  // serve_gate's g, masks and zeroed tickets
+#endif
+
+    const int64_t w0 = a.words * split / splits, w1 = a.words * (split + 1) / splits;
+    for (int64_t w = w0 + tid; w < w1; w += threads) split_masks[w - w0] = a.masks[t * a.words + w];
+    __syncthreads();
+
+    float acc[V][E];
+#pragma unroll
+    for (int c = 0; c < V; ++c)
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[c][e] = 0.0f;
+    float l1 = 0.0f;
+    int parity = 0;
+    const int64_t down = a.gated ? a.dp : 0;
+
+    // the split's active units in ascending order, one ahead in registers
+    int64_t w = w0;
+    uint32_t bits = w < w1 ? split_masks[0] : 0u;
+    auto next_unit = [&]() -> int64_t {
+        while (bits == 0) {
+            if (++w >= w1) return -1;
+            bits = split_masks[w - w0];
+        }
+        const int b = __ffs(bits) - 1;
+        bits &= bits - 1;
+        return w * 32 + b;
+    };
+    uint4 wu[V], wd[V];
+    T gnext = Value<T>::from_float(0.0f);
+    auto load_unit = [&](int64_t j) {
+        if (j < 0) return;
+        const T *row = a.pair + j * a.pair_stride;
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+            const int64_t k0 = (static_cast<int64_t>(c) * threads + tid) * E;
+            if (k0 < a.dp) {
+                if (a.gated) wu[c] = __ldg(reinterpret_cast<const uint4 *>(row + k0));
+                wd[c] = __ldg(reinterpret_cast<const uint4 *>(row + down + k0));
+            }
+        }
+        gnext = a.gate[t * a.ldg + j];
+    };
+    int64_t j = next_unit();
+    load_unit(j);
+    while (j >= 0) {
+        uint4 u_cur[V], d_cur[V];
+#pragma unroll
+        for (int c = 0; c < V; ++c) u_cur[c] = wu[c], d_cur[c] = wd[c];
+        const float g = Value<T>::to_float(gnext);
+        const int64_t jn = next_unit();
+        load_unit(jn);  // the next unit's rows in flight while this one is applied
+        float h = g;
+        if (a.gated) {
+            float part[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) part[e] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < V; ++c)
+#pragma unroll
+                for (int e = 0; e < E; ++e) part[e] = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(u_cur[c], e), part[e]);
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) dot += part[e];
+            dot = warp_sum(dot);
+            if (warps > 1) {
+                if (lane == 0) dots[parity][warp] = dot;
+                __syncthreads();
+                dot = 0.0f;
+                for (int ww = 0; ww < warps; ++ww) dot += dots[parity][ww];
+                parity ^= 1;
+            }
+            h = round_to<T>(g * round_to<T>(dot));
+        }
+        l1 += fabsf(h);
+        if (a.write_h && tid == 0) a.gate[t * a.ldg + j] = Value<T>::from_float(h);
+#pragma unroll
+        for (int c = 0; c < V; ++c)
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[c][e] = fmaf(h, Chunk<T>::get(d_cur[c], e), acc[c][e]);
+        j = jn;
+    }
+
+    // one split: y directly; several: partial rows, and the token's last team sums them in order
+    auto store_y = [&](int64_t k0, const float *v) {
+        if (a.y_vec) {
+            T out[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) out[e] = Value<T>::from_float(v[e]);
+            *reinterpret_cast<uint4 *>(a.y + t * a.y_rs + k0) = *reinterpret_cast<const uint4 *>(out);
+        } else {
+            for (int e = 0; e < E; ++e)
+                if (k0 + e < a.d) a.y[t * a.y_rs + (k0 + e) * a.y_cs] = Value<T>::from_float(v[e]);
+        }
+    };
+    float *l1_parts = a.partial + static_cast<int64_t>(splits) * a.m * a.dp;
+    if (splits == 1) {
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+            const int64_t k0 = (static_cast<int64_t>(c) * threads + tid) * E;
+            if (k0 < a.dp) store_y(k0, acc[c]);
+        }
+    } else {
+        float *part = a.partial + (static_cast<int64_t>(split) * a.m + t) * a.dp;
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+            const int64_t k0 = (static_cast<int64_t>(c) * threads + tid) * E;
+            if (k0 >= a.dp) continue;
+#pragma unroll
+            for (int e = 0; e < E; e += 4)
+                __stcg(reinterpret_cast<float4 *>(part + k0 + e), make_float4(acc[c][e], acc[c][e + 1], acc[c][e + 2], acc[c][e + 3]));
+        }
+        if (tid == 0) __stcg(l1_parts + static_cast<int64_t>(split) * a.m + t, l1);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(a.tickets + t, 1u) == static_cast<unsigned>(splits - 1);
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+            const int64_t k0 = (static_cast<int64_t>(c) * threads + tid) * E;
+            if (k0 >= a.dp) continue;
+            float v[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) v[e] = 0.0f;
+            for (int s = 0; s < splits; ++s) {
+                const float *p = a.partial + (static_cast<int64_t>(s) * a.m + t) * a.dp + k0;
+#pragma unroll
+                for (int e = 0; e < E; e += 4) {
+                    const float4 f = __ldcg(reinterpret_cast<const float4 *>(p + e));
+                    v[e] += f.x, v[e + 1] += f.y, v[e + 2] += f.z, v[e + 3] += f.w;
+                }
+            }
+            store_y(k0, v);
+        }
+        if (tid == 0) {
+            l1 = 0.0f;
+            for (int s = 0; s < splits; ++s) l1 += __ldcg(l1_parts + static_cast<int64_t>(s) * a.m + t);
+        }
+    }
+    // the token's counts and l1, then the grid's last token finishes the statistics
+    if (tid == 0) a.row_l1[t] = l1;
+    serve_row_counts(a, t, totals);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+}
+
+}  // namespace twblas::cuda
