@@ -27,10 +27,13 @@
 // Files: common.{hpp,cpp} (problem cache, timing, verification, registration helpers),
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
-//   twblas-bench [--suite=full|profiles|decode|train|eager|crossover|smoke] [Google Benchmark flags]
+//   twblas-bench [--suite=full|profiles|decode|train|eager|serving|crossover|smoke] [Google Benchmark flags]
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
-// crossover: M = 128 to 1024 at the paper's shape, to place the two-pass crossover.
+// crossover: M = 128 to 1024 at the paper's shape, to place the two-pass crossover. Suite
+// serving: M = 1 to 512 (powers of two), both shapes, uniform-29 and llm-29, graph and eager,
+// with the copy bandwidth measured first; twblas points carry need_bw (bytes that must move per
+// second: Wg, the union of the batch's active rows of Wu and Wd, X and Y).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -40,6 +43,7 @@
 
 namespace {
 
+using twbench::register_copy;
 using twbench::register_eager;
 using twbench::register_group;
 using twbench::register_train;
@@ -55,6 +59,13 @@ void register_suite(const std::string &suite) {
     }
     if (suite == "eager") {  // the eager points next to their graph-replayed twins, for quick runs
         for (const Shape s : {paper, llama}) register_eager(s, "uniform-29", eager_ms, 512, true);
+        return;
+    }
+    if (suite == "serving") {  // issue: serving regime; the copy bandwidth first, then M = 1 to 512
+        register_copy();
+        const std::vector<int64_t> serving_ms{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+        for (const Shape s : {paper, llama})
+            for (const char *prof : {"uniform-29", "llm-29"}) register_eager(s, prof, serving_ms, 512, true);
         return;
     }
     if (suite == "crossover") {  // the two-pass crossover (heuristics::kTwoPassMinTokens), M = 128 to 1024

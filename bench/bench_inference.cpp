@@ -5,6 +5,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "common.hpp"
 
@@ -78,12 +79,60 @@ class TwForward {
     std::unique_ptr<DeviceMemory> ws_;
 };
 
+/// The bytes a forward of M tokens cannot avoid moving: Wg once, the [Wu_j | Wd_j] rows of the
+/// units active for some token of the batch (their union, from instance 0's gate computed by
+/// cuBLAS), X and Y. Counted once per problem and M.
+double needed_bytes(Problem &p, int64_t m) {
+    auto it = p.needed_bytes.find(m);
+    if (it != p.needed_bytes.end()) return it->second;
+    const Shape s = p.shape;
+    tt::LtGemm gemm;
+    DeviceMemory ws(tt::LtGemm::kWorkspaceBytes), g(bf16_bytes(m * s.h));
+    gemm.run(env.stream, {p.x[0]->get(), m, s.d, s.d}, {p.wgu[0]->get(), s.h, s.d, s.d}, {g.get(), s.h}, ws.get(),
+             ws.bytes());
+    const std::vector<uint16_t> gate = download(g.get(), static_cast<size_t>(m * s.h));
+    std::vector<char> used(static_cast<size_t>(s.h), 0);
+    for (size_t i = 0; i < gate.size(); ++i) {
+        const uint32_t bits = static_cast<uint32_t>(gate[i]) << 16;
+        float v;
+        std::memcpy(&v, &bits, sizeof v);
+        if (v > 0.0f || v != v) used[i % static_cast<size_t>(s.h)] = 1;
+    }
+    const double units = static_cast<double>(std::count(used.begin(), used.end(), 1));
+    const double bytes = 2.0 * (static_cast<double>(s.h * s.d) + units * 2.0 * static_cast<double>(s.d) +
+                                2.0 * static_cast<double>(m * s.d));
+    p.needed_bytes[m] = bytes;
+    return bytes;
+}
+
+/// Counter need_bw: needed_bytes / time per forward, in bytes per second.
+void add_bandwidth_counter(benchmark::State &state, Problem &p, int64_t m) {
+    state.counters["need_bw"] = benchmark::Counter(needed_bytes(p, m), benchmark::Counter::kIsIterationInvariantRate,
+                                                   benchmark::Counter::kIs1000);
+}
+
 void bm_twblas(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
     auto p = problem(s, profile, max_m);
     TwForward tw(*p, m);
     tw.settle_and_verify(state, 1);
+    add_bandwidth_counter(state, *p, m);
     auto execs = capture([&](int i) { tw.call(i); });
     time_graphs(state, batch_for(m), execs);
+}
+
+/// A device-to-device copy of 256 MiB (graph replay): the bandwidth the need_bw counters are
+/// measured against, in the same run (counter copy_bw: bytes read + written per second).
+void bm_copy(benchmark::State &state) {
+    const size_t bytes = size_t{256} << 20;
+    DeviceMemory a(bytes), b(bytes);
+    ck(cudaMemsetAsync(a.get(), 1, bytes, env.stream), "cudaMemsetAsync");
+    auto execs = capture([&](int i) {
+        ck(cudaMemcpyAsync(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), bytes, cudaMemcpyDeviceToDevice, env.stream),
+           "cudaMemcpyAsync");
+    });
+    time_graphs(state, 4, execs);
+    state.counters["copy_bw"] = benchmark::Counter(2.0 * static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate,
+                                                   benchmark::Counter::kIs1000);
 }
 
 /// twSpGEMMFused called as a C program calls it: no graph, the problem's one handle on the
@@ -92,6 +141,7 @@ void bm_twblas_eager(benchmark::State &state, Shape s, std::string profile, int6
     auto p = problem(s, profile, max_m);
     TwForward tw(*p, m);
     tw.settle_and_verify(state, 3);
+    add_bandwidth_counter(state, *p, m);
     time_eager(state, batch_for(m), [&](int run) { tw.call(run % kInstances); });
 }
 
@@ -284,6 +334,15 @@ void register_group(Shape s, const std::string &profile, const std::vector<int64
                 ->MinTime(0.05);
         }
     }
+}
+
+void register_copy() {
+    benchmark::RegisterBenchmark("copy/d2d/256MiB", bm_copy)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->Repetitions(5)
+        ->ReportAggregatesOnly(true)
+        ->MinTime(0.05);
 }
 
 void register_eager(Shape s, const std::string &profile, const std::vector<int64_t> &ms, int64_t max_m,

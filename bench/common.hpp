@@ -48,6 +48,7 @@ struct Problem {
     twHandle_t handle = nullptr;                                // CUDA backend, on env.stream
     std::vector<twFfnDescr_t> ffn;
     std::map<int64_t, std::vector<uint16_t>> dense_y;  // dense cuBLAS output per M (verification)
+    std::map<int64_t, double> needed_bytes;           // per M: see needed_bytes() in bench_inference.cpp
 
     /// Instance `inst`'s weights as the dense baseline takes them.
     tt::DenseFfnWeights weights(int inst) const { return {wgu[inst]->get(), wd_lin[inst]->get(), wd_rows->get()}; }
@@ -155,6 +156,8 @@ void register_group(Shape s, const std::string &profile, const std::vector<int64
 /// `with_graph_replay`), from the problem of (s, profile, max_m).
 void register_eager(Shape s, const std::string &profile, const std::vector<int64_t> &ms, int64_t max_m,
                     bool with_graph_replay);
+/// copy/d2d/256MiB: the copy bandwidth, measured in the same run as the serving points.
+void register_copy();
 // bench_training.cpp
 void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms);
 

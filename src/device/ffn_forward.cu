@@ -93,17 +93,17 @@ void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w
 
 /// The serving path: serve_gate, then serve_sparse joined to it by programmatic dependent launch
 /// (its blocks start as the gate's finish, and wait on the device for the gate's results).
-template <class T, int NT>
+template <class T, int NT, int U, int W>
 void launch_serve_gate(cudaStream_t stream, const ServeArgs<T> &a) {
-    constexpr int U = NT <= 2 ? 4 : 2;  // 16-byte loads in flight per lane: 20 to 24
-    serve_gate<T, NT, U><<<static_cast<unsigned>(ceil_div(a.h, kServeGateUnits)), 32 * kServeGateWarps, 0, stream>>>(a);
+    serve_gate<T, NT, U, W><<<static_cast<unsigned>(ceil_div(a.h, kServeGateUnits)), 32 * W, 0, stream>>>(a);
     check_launch("serve_gate");
 }
 
-template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const ServeArgs<T> &a, int warps) {
+template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const ServeArgs<T> &a) {
+    constexpr int E = Chunk<T>::n;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(a.m), static_cast<unsigned>(a.splits));
-    cfg.blockDim = dim3(static_cast<unsigned>(32 * warps));
+    cfg.blockDim = dim3(static_cast<unsigned>(32 * ceil_div(a.dp, int64_t{32} * V * E)));  // <= 512 (dp <= 8192)
     cfg.dynamicSmemBytes = static_cast<size_t>(a.words / a.splits + 1) * sizeof(uint32_t);  // <= 8 KB (H <= 65536)
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
@@ -127,29 +127,26 @@ void launch_serve(cudaStream_t stream, const CudaFfnState &st, const FfnProblem 
     a.masks = s.serve_masks, a.words = s.serve_words, a.tickets = s.serve_tickets;
     a.neuron_counts = neuron_counts;
     a.y = static_cast<T *>(y.ptr), a.y_rs = y.rs, a.y_cs = y.cs, a.y_vec = rows_vectorizable(y, p.d);
-    a.splits = s.splits, a.partial = s.partial;
+    a.partial = s.partial;
     a.tile = p.tile, a.slots = p.slots, a.row_limit = s.row_limit;
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
+    a.splits = heuristics::serve_splits(p.m);
+    // 16-byte loads in flight per lane (U chunks of 4 weight rows and NT x rows) and warps per
+    // block (W) by token tiles; the split-K partials of W warps fit 32 KB of shared memory
     if (p.m <= 8)
-        launch_serve_gate<T, 1>(stream, a);
+        launch_serve_gate<T, 1, 8, 8>(stream, a);
     else if (p.m <= 16)
-        launch_serve_gate<T, 2>(stream, a);
+        launch_serve_gate<T, 2, 4, 8>(stream, a);
     else if (p.m <= 32)
-        launch_serve_gate<T, 4>(stream, a);
+        launch_serve_gate<T, 4, 2, 8>(stream, a);
     else
-        launch_serve_gate<T, 8>(stream, a);
+        launch_serve_gate<T, 8, 2, 4>(stream, a);
     static_assert(heuristics::kServeMaxTokens <= 64, "serve_gate instantiates up to 8 token tiles");
-    // the fused kernel's team shape: up to 4 chunks per lane, as many warps as that needs
-    constexpr int E = Chunk<T>::n;
-    const int warps = std::max(1, ceil_div(p.dp, int64_t{heuristics::kFusedWarpChunks} * 32 * E));
-    const int v_needed = ceil_div(p.dp, static_cast<int64_t>(warps) * 32 * E);
-    if (v_needed <= 1)
-        launch_serve_sparse<T, 1>(stream, a, warps);
-    else if (v_needed <= 2)
-        launch_serve_sparse<T, 2>(stream, a, warps);
+    if (p.dp <= 4096)
+        launch_serve_sparse<T, 1>(stream, a);
     else
-        launch_serve_sparse<T, 4>(stream, a, warps);
+        launch_serve_sparse<T, 2>(stream, a);
 }
 
 template <class T>

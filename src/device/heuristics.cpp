@@ -14,6 +14,11 @@ bool serve_applies(const FfnProblem &p) {
     return p.m >= 1 && p.m <= kServeMaxTokens && !p.gate_f32() && p.dp <= max_model_dim(p.type);
 }
 
+int serve_splits(int64_t tokens) {
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({16, 128 / std::max<int64_t>(1, tokens),
+                                                                    fused_splits(tokens)})));
+}
+
 bool two_pass_applies(const FfnProblem &p) { return p.m >= kTwoPassMinTokens; }
 
 int fused_splits(int64_t tokens) {

@@ -33,6 +33,10 @@ constexpr int64_t kServeMaxTokens = TWBLAS_SERVE_MAX_TOKENS;
 constexpr int64_t kServeMaxTokens = 64;
 #endif
 bool serve_applies(const FfnProblem &p);
+/// Teams per token of the serving path's gather kernel: about 128 teams in all, so that a team
+/// holds one or two batches of units (the fused kernel's splits bound it: the partial rows live
+/// in the same scratch). Depends on M alone, so results stay reproducible.
+int serve_splits(int64_t tokens);
 
 /// From this many tokens the sparse rows go through the two-pass kernels (a warp per active
 /// unit for u and h, then y by 512-column slices); below it through the fused kernel, whose

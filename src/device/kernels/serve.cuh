@@ -20,7 +20,6 @@
 namespace twblas::cuda {
 
 constexpr int kServeGateUnits = 32;  // units per gate block: two 16-row MMA tiles, one mask word
-constexpr int kServeGateWarps = 4;   // warps per gate block, splitting K (fixed: the sum order)
 
 template <class T> struct ServeArgs {
     const T *x;
@@ -75,8 +74,9 @@ __device__ inline uint32_t word_of(const uint4 &v, int i) {
 // of its token's x and feeds them to the MMA in the fragment slots of k = 2q, 2q + 1, 2q + 8,
 // 2q + 9: weights and x go straight from memory into registers, no shared-memory staging. U
 // chunks of 32 k are loaded before any is used (loads in flight for the memory system).
-template <class T, int NT, int U> __global__ void __launch_bounds__(32 * kServeGateWarps) serve_gate(ServeArgs<T> a) {
-    __shared__ float red[kServeGateWarps][2][NT][4][32];
+// W warps split K (a fixed choice per NT: it sets the order of the sum).
+template <class T, int NT, int U, int W> __global__ void __launch_bounds__(32 * W) serve_gate(ServeArgs<T> a) {
+    __shared__ float red[W][2][NT][4][32];
     __shared__ float z[kServeGateUnits][8 * NT + 1];
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
@@ -109,11 +109,11 @@ template <class T, int NT, int U> __global__ void __launch_bounds__(32 * kServeG
 
     const int64_t chunks = (a.dp + 31) / 32;
     using Mma = typename MmaOf<T>::Op;
-    for (int64_t c0 = warp; c0 < chunks; c0 += kServeGateWarps * U) {
+    for (int64_t c0 = warp; c0 < chunks; c0 += W * U) {
         uint4 av[U][4], bv[U][NT];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int64_t k0 = (c0 + u * kServeGateWarps) * 32 + q * 8;
+            const int64_t k0 = (c0 + u * W) * 32 + q * 8;
             const bool kok = k0 < a.dp;  // dp is a multiple of 8: whole 16-byte chunks
 #pragma unroll
             for (int r = 0; r < 4; ++r)
@@ -147,7 +147,7 @@ template <class T, int NT, int U> __global__ void __launch_bounds__(32 * kServeG
         const int l = e & 31, i = (e >> 5) & 3, n = (e >> 7) % NT, mt = (e >> 7) / NT;
         float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kServeGateWarps; ++w) v += red[w][mt][n][i][l];
+        for (int w = 0; w < W; ++w) v += red[w][mt][n][i][l];
         // accumulator i of lane l: unit 16 mt + l / 4 (+ 8 for i >= 2), token 8 n + 2 (l % 4) + i % 2
         z[16 * mt + (l >> 2) + (i >> 1) * 8][8 * n + 2 * (l & 3) + (i & 1)] = v;
     }
@@ -155,7 +155,7 @@ template <class T, int NT, int U> __global__ void __launch_bounds__(32 * kServeG
     // epilogue: a warp per token, a lane per unit
     const int64_t unit = unit0 + lane;
     unsigned fired = 0;
-    for (int t = warp; t < a.m; t += kServeGateWarps) {
+    for (int t = warp; t < a.m; t += W) {
         const float gv = round_to<T>(z[lane][t]);
         const bool on = unit < a.h && relu_active(gv);
         const unsigned mask = __ballot_sync(kFullMask, on);
@@ -197,11 +197,15 @@ template <class T> __device__ inline void serve_row_counts(const ServeArgs<T> &a
     }
 }
 
-template <class T, int V> __global__ void __launch_bounds__(256) serve_sparse(ServeArgs<T> a) {
-    constexpr int E = Chunk<T>::n;
+/// Units a serve_sparse team takes at once: their rows are all in flight before the first is used.
+constexpr int kServeBatch = 4;
+
+// A team covers a row with V 16-byte chunks per thread (V = 1 up to D = 4096 with 512 threads).
+template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(ServeArgs<T> a) {
+    constexpr int E = Chunk<T>::n, B = kServeBatch;
     extern __shared__ uint32_t split_masks[];  // this split's mask words
-    __shared__ float dots[2][8];
-    __shared__ int32_t totals[8];
+    __shared__ float dots[2][B][16];
+    __shared__ int32_t totals[16];
     __shared__ bool last;
     const int threads = blockDim.x, warps = threads / 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
@@ -209,18 +213,15 @@ template <class T, int V> __global__ void __launch_bounds__(256) serve_sparse(Se
     const int split = blockIdx.y, splits = a.splits;
     uint4 last_record = make_uint4(0, 0, 0, 0);
     if (tid == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
+    auto k_of = [&](int c) { return (static_cast<int64_t>(c) * threads + tid) * E; };
 
     // x_t in registers (x does not come from serve_gate: read it before the wait)
     uint4 xc[V];
 #pragma unroll
-    for (int c = 0; c < V; ++c) {
-        const int64_t k0 = (static_cast<int64_t>(c) * threads + tid) * E;
-        xc[c] = k0 < a.dp ? serve_x_chunk(a.x + t * a.x_rs, k0, a.d) : make_uint4(0, 0, 0, 0);
-    }
+    for (int c = 0; c < V; ++c) xc[c] = k_of(c) < a.dp ? serve_x_chunk(a.x + t * a.x_rs, k_of(c), a.d) : make_uint4(0, 0, 0, 0);
 #if __CUDA_ARCH__ >= 900
     cudaGridDependencySynchronize();  // serve_gate's g, masks and zeroed tickets
 #endif
-
     const int64_t w0 = a.words * split / splits, w1 = a.words * (split + 1) / splits;
     for (int64_t w = w0 + tid; w < w1; w += threads) split_masks[w - w0] = a.masks[t * a.words + w];
     __syncthreads();
@@ -234,7 +235,7 @@ template <class T, int V> __global__ void __launch_bounds__(256) serve_sparse(Se
     int parity = 0;
     const int64_t down = a.gated ? a.dp : 0;
 
-    // the split's active units in ascending order, one ahead in registers
+    // the split's active units in ascending order (every thread walks the same words)
     int64_t w = w0;
     uint32_t bits = w < w1 ? split_masks[0] : 0u;
     auto next_unit = [&]() -> int64_t {
@@ -246,59 +247,60 @@ template <class T, int V> __global__ void __launch_bounds__(256) serve_sparse(Se
         bits &= bits - 1;
         return w * 32 + b;
     };
-    uint4 wu[V], wd[V];
-    T gnext = Value<T>::from_float(0.0f);
-    auto load_unit = [&](int64_t j) {
-        if (j < 0) return;
-        const T *row = a.pair + j * a.pair_stride;
+    for (;;) {
+        int64_t j[B];
 #pragma unroll
-        for (int c = 0; c < V; ++c) {
-            const int64_t k0 = (static_cast<int64_t>(c) * threads + tid) * E;
-            if (k0 < a.dp) {
-                if (a.gated) wu[c] = __ldg(reinterpret_cast<const uint4 *>(row + k0));
-                wd[c] = __ldg(reinterpret_cast<const uint4 *>(row + down + k0));
+        for (int b = 0; b < B; ++b) j[b] = next_unit();
+        if (j[0] < 0) break;
+        uint4 wu[B][V], wd[B][V];
+        float g[B];
+#pragma unroll
+        for (int b = 0; b < B; ++b) {  // every load of the batch in flight at once
+            const T *row = a.pair + (j[b] < 0 ? 0 : j[b]) * a.pair_stride;
+#pragma unroll
+            for (int c = 0; c < V; ++c) {
+                const bool ok = j[b] >= 0 && k_of(c) < a.dp;
+                wu[b][c] = ok && a.gated ? __ldg(reinterpret_cast<const uint4 *>(row + k_of(c))) : make_uint4(0, 0, 0, 0);
+                wd[b][c] = ok ? __ldg(reinterpret_cast<const uint4 *>(row + down + k_of(c))) : make_uint4(0, 0, 0, 0);
             }
+            g[b] = j[b] >= 0 ? Value<T>::to_float(a.gate[t * a.ldg + j[b]]) : 0.0f;
         }
-        gnext = a.gate[t * a.ldg + j];
-    };
-    int64_t j = next_unit();
-    load_unit(j);
-    while (j >= 0) {
-        uint4 u_cur[V], d_cur[V];
-#pragma unroll
-        for (int c = 0; c < V; ++c) u_cur[c] = wu[c], d_cur[c] = wd[c];
-        const float g = Value<T>::to_float(gnext);
-        const int64_t jn = next_unit();
-        load_unit(jn);  // the next unit's rows in flight while this one is applied
-        float h = g;
+        float h[B];
         if (a.gated) {
-            float part[E];
+            // the batch's dot products x_t . Wu_j: per thread, per warp (butterfly), then the
+            // warps in order, one barrier for the batch
 #pragma unroll
-            for (int e = 0; e < E; ++e) part[e] = 0.0f;
+            for (int b = 0; b < B; ++b) {
+                float part = 0.0f;
+#pragma unroll
+                for (int c = 0; c < V; ++c)
+#pragma unroll
+                    for (int e = 0; e < E; ++e) part = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(wu[b][c], e), part);
+                part = warp_sum(part);
+                if (lane == 0) dots[parity][b][warp] = part;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int b = 0; b < B; ++b) {
+                float dot = 0.0f;
+                for (int ww = 0; ww < warps; ++ww) dot += dots[parity][b][ww];
+                h[b] = round_to<T>(g[b] * round_to<T>(dot));
+            }
+            parity ^= 1;
+        } else {
+#pragma unroll
+            for (int b = 0; b < B; ++b) h[b] = g[b];
+        }
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            if (j[b] < 0) continue;
+            l1 += fabsf(h[b]);
+            if (a.write_h && tid == 0) a.gate[t * a.ldg + j[b]] = Value<T>::from_float(h[b]);
 #pragma unroll
             for (int c = 0; c < V; ++c)
 #pragma unroll
-                for (int e = 0; e < E; ++e) part[e] = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(u_cur[c], e), part[e]);
-            float dot = 0.0f;
-#pragma unroll
-            for (int e = 0; e < E; ++e) dot += part[e];
-            dot = warp_sum(dot);
-            if (warps > 1) {
-                if (lane == 0) dots[parity][warp] = dot;
-                __syncthreads();
-                dot = 0.0f;
-                for (int ww = 0; ww < warps; ++ww) dot += dots[parity][ww];
-                parity ^= 1;
-            }
-            h = round_to<T>(g * round_to<T>(dot));
+                for (int e = 0; e < E; ++e) acc[c][e] = fmaf(h[b], Chunk<T>::get(wd[b][c], e), acc[c][e]);
         }
-        l1 += fabsf(h);
-        if (a.write_h && tid == 0) a.gate[t * a.ldg + j] = Value<T>::from_float(h);
-#pragma unroll
-        for (int c = 0; c < V; ++c)
-#pragma unroll
-            for (int e = 0; e < E; ++e) acc[c][e] = fmaf(h, Chunk<T>::get(d_cur[c], e), acc[c][e]);
-        j = jn;
     }
 
     // one split: y directly; several: partial rows, and the token's last team sums them in order
@@ -316,19 +318,16 @@ template <class T, int V> __global__ void __launch_bounds__(256) serve_sparse(Se
     float *l1_parts = a.partial + static_cast<int64_t>(splits) * a.m * a.dp;
     if (splits == 1) {
 #pragma unroll
-        for (int c = 0; c < V; ++c) {
-            const int64_t k0 = (static_cast<int64_t>(c) * threads + tid) * E;
-            if (k0 < a.dp) store_y(k0, acc[c]);
-        }
+        for (int c = 0; c < V; ++c)
+            if (k_of(c) < a.dp) store_y(k_of(c), acc[c]);
     } else {
-        float *part = a.partial + (static_cast<int64_t>(split) * a.m + t) * a.dp;
 #pragma unroll
         for (int c = 0; c < V; ++c) {
-            const int64_t k0 = (static_cast<int64_t>(c) * threads + tid) * E;
-            if (k0 >= a.dp) continue;
+            if (k_of(c) >= a.dp) continue;
+            float *part = a.partial + (static_cast<int64_t>(split) * a.m + t) * a.dp + k_of(c);
 #pragma unroll
             for (int e = 0; e < E; e += 4)
-                __stcg(reinterpret_cast<float4 *>(part + k0 + e), make_float4(acc[c][e], acc[c][e + 1], acc[c][e + 2], acc[c][e + 3]));
+                __stcg(reinterpret_cast<float4 *>(part + e), make_float4(acc[c][e], acc[c][e + 1], acc[c][e + 2], acc[c][e + 3]));
         }
         if (tid == 0) __stcg(l1_parts + static_cast<int64_t>(split) * a.m + t, l1);
         __threadfence();
@@ -337,22 +336,29 @@ template <class T, int V> __global__ void __launch_bounds__(256) serve_sparse(Se
         __syncthreads();
         if (!last) return;
         __threadfence();
+        // the splits' rows in split order, eight splits' loads in flight at a time
 #pragma unroll
         for (int c = 0; c < V; ++c) {
-            const int64_t k0 = (static_cast<int64_t>(c) * threads + tid) * E;
-            if (k0 >= a.dp) continue;
+            if (k_of(c) >= a.dp) continue;
             float v[E];
 #pragma unroll
             for (int e = 0; e < E; ++e) v[e] = 0.0f;
-            for (int s = 0; s < splits; ++s) {
-                const float *p = a.partial + (static_cast<int64_t>(s) * a.m + t) * a.dp + k0;
+            for (int s0 = 0; s0 < splits; s0 += 8) {
+                float4 f[8][E / 4];
 #pragma unroll
-                for (int e = 0; e < E; e += 4) {
-                    const float4 f = __ldcg(reinterpret_cast<const float4 *>(p + e));
-                    v[e] += f.x, v[e + 1] += f.y, v[e + 2] += f.z, v[e + 3] += f.w;
-                }
+                for (int s = 0; s < 8; ++s)
+#pragma unroll
+                    for (int e = 0; e < E / 4; ++e)
+                        f[s][e] = s0 + s < splits ? __ldcg(reinterpret_cast<const float4 *>(
+                                                        a.partial + (static_cast<int64_t>(s0 + s) * a.m + t) * a.dp + k_of(c)) + e)
+                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int s = 0; s < 8; ++s)
+#pragma unroll
+                    for (int e = 0; e < E / 4; ++e)
+                        v[4 * e] += f[s][e].x, v[4 * e + 1] += f[s][e].y, v[4 * e + 2] += f[s][e].z, v[4 * e + 3] += f[s][e].w;
             }
-            store_y(k0, v);
+            store_y(k_of(c), v);
         }
         if (tid == 0) {
             l1 = 0.0f;
