@@ -42,6 +42,7 @@ struct Options {
     uint64_t seed = 1;
     int reps = 3;
     std::string json;  // also write the results as JSON to this file
+    bool serving = false;  // --serving: decode loops at M = 1, 8 and 64, eager calls (CUDA)
 };
 
 [[noreturn]] void usage(const char *msg) {
@@ -49,6 +50,8 @@ struct Options {
     std::fprintf(stderr,
                  "usage: twblas-demo [--tokens M] [--d D] [--h H] [--k ACTIVE] [--profile uniform|heavy|llm[-K]]\n"
                  "                   [--backend default|cpu|cuda] [--plain] [--seed S] [--reps N] [--json FILE]\n"
+                 "       twblas-demo --serving [--d D] [--h H] [--k ACTIVE] [--profile ...] [--plain]\n"
+                 "                   (CUDA: decode loops at M = 1, 8 and 64, eager calls, against dense cuBLAS)\n"
                  "  Runs a sparse gated-ReLU FFN (bf16) with twSpGEMMFused and compares it with a dense FFN.\n"
                  "  Defaults: D = 2048, H = 5632, k = 29 active units per token, M = 256 on the CPU, 16384 on a GPU.\n");
     std::exit(msg ? 2 : 0);
@@ -79,6 +82,7 @@ Options parse(int argc, char **argv) {
         else if (a == "--seed") o.seed = static_cast<uint64_t>(number(next()));
         else if (a == "--reps") o.reps = std::max(1, static_cast<int>(number(next())));
         else if (a == "--json") o.json = next();
+        else if (a == "--serving") o.serving = true;
         else if (a == "--help" || a == "-h") usage(nullptr);
         else usage(("unknown option " + a).c_str());
     }
@@ -261,6 +265,103 @@ int gpu_demo(const Options &o, twHandle_t h, const tt::FfnProblem &p, const tt::
     twDestroy(h);
     return ok ? 0 : 1;
 }
+
+/// --serving: the decode loop of an inference engine written in C: per step one eager
+/// twSpGEMMFused on the handle's stream (no graph of the caller's own), inputs rotating over
+/// four token blocks; the latency per step is the wall time of the loop (host and GPU) over its
+/// steps, against the dense cuBLAS FFN called the same way on the same data.
+int serving_demo(const Options &o, twHandle_t h) {
+    using tt::DeviceMemory;
+    const int64_t d = o.d, hd = o.h, steps = 400;
+    cudaStream_t stream;
+    CUDA_DEMO_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    DEMO_CHECK(h, twSetStream(h, stream));
+    cudaDeviceProp prop{};
+    int dev = 0;
+    CUDA_DEMO_CHECK(cudaGetDevice(&dev));
+    CUDA_DEMO_CHECK(cudaGetDeviceProperties(&prop, dev));
+    std::printf("twblas-demo --serving: %s ReLU FFN, bf16, D = %lld, H = %lld, profile %s-%g, on %s\n",
+                o.gated ? "gated" : "plain", (long long)d, (long long)hd, tt::profile_name(o.profile), o.k, prop.name);
+    std::printf("  %6s %22s %22s %9s\n", "tokens", "twblas us/step", "dense cuBLAS us/step", "speedup");
+    bool ok = true;
+    for (const int64_t m : {1, 8, 64}) {
+        tt::ProblemSpec spec;
+        spec.tokens = 4 * m;  // four blocks of m tokens, one per step in turn
+        spec.model_dim = d;
+        spec.hidden_dim = hd;
+        spec.profile = o.profile;
+        spec.active_units = o.k;
+        spec.gated = o.gated;
+        spec.seed = o.seed;
+        const tt::FfnProblem p = tt::make_ffn_problem(spec);
+        std::vector<uint16_t> gu16 = o.gated ? tt::to_bf16(p.w_gate) : std::vector<uint16_t>();
+        const std::vector<uint16_t> u16 = tt::to_bf16(p.w_up), wd_rows = tt::to_bf16(p.w_down);
+        gu16.insert(gu16.end(), u16.begin(), u16.end());
+        std::vector<uint16_t> wd_lin(wd_rows.size());
+        for (int64_t j = 0; j < hd; ++j)
+            for (int64_t c = 0; c < d; ++c) wd_lin[c * hd + j] = wd_rows[j * d + c];
+        const DeviceMemory dx(tt::to_bf16(p.x)), dgu(gu16), dwd(wd_lin), dy(static_cast<size_t>(m * d) * 2);
+        twDnMatDescr_t X[4], Y, WG = nullptr, WU, WD;
+        for (int b = 0; b < 4; ++b)
+            DEMO_CHECK(h, twCreateDnMat(&X[b], m, d, d, dx.get<uint16_t>() + b * m * d, TW_R_16BF, TW_ORDER_ROW));
+        DEMO_CHECK(h, twCreateDnMat(&Y, m, d, d, dy.get(), TW_R_16BF, TW_ORDER_ROW));
+        if (o.gated) DEMO_CHECK(h, twCreateDnMat(&WG, hd, d, d, dgu.get(), TW_R_16BF, TW_ORDER_ROW));
+        DEMO_CHECK(h, twCreateDnMat(&WU, hd, d, d, dgu.get<uint16_t>() + (o.gated ? hd * d : 0), TW_R_16BF, TW_ORDER_ROW));
+        DEMO_CHECK(h, twCreateDnMat(&WD, hd, d, hd, dwd.get(), TW_R_16BF, TW_ORDER_COL));
+        twFfnDescr_t ffn = nullptr;
+        DEMO_CHECK(h, twCreateFfn(h, &ffn, o.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD));
+        size_t bytes = 0;
+        DEMO_CHECK(h, twSpGEMMFused_bufferSize(h, ffn, X[0], Y, &bytes));
+        const DeviceMemory ws(bytes);
+        tt::DenseFfnShape shape;
+        shape.model_dim = d;
+        shape.hidden_dim = hd;
+        shape.max_tokens = m;
+        shape.gated = o.gated;
+        tt::DenseFfn dense(shape);
+        tt::DenseFfnWeights weights;
+        weights.gate_up = dgu.get();
+        weights.down = dwd.get();
+        const DeviceMemory y_dense(static_cast<size_t>(m * d) * 2);
+        auto loop_us = [&](auto &&step) {
+            for (int64_t s = 0; s < 20; ++s) step(s);  // warm-up (the path settles, calls are captured)
+            CUDA_DEMO_CHECK(cudaStreamSynchronize(stream));
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int64_t s = 0; s < steps; ++s) step(s);
+            CUDA_DEMO_CHECK(cudaStreamSynchronize(stream));
+            return seconds_since(t0) * 1e6 / static_cast<double>(steps);
+        };
+        const double t_tw = loop_us([&](int64_t s) { DEMO_CHECK(h, twSpGEMMFused(h, ffn, X[s % 4], Y, nullptr, ws.get())); });
+        const double t_dense = loop_us([&](int64_t s) {
+            dense.forward(stream, dx.get<uint16_t>() + (s % 4) * m * d, weights, m, y_dense.get());
+        });
+        // the last step's output (block 3) against the dense cuBLAS FFN's on the same block
+        std::vector<uint16_t> a(static_cast<size_t>(m * d)), b(a.size());
+        CUDA_DEMO_CHECK(cudaMemcpyAsync(a.data(), dy.get(), a.size() * 2, cudaMemcpyDeviceToHost, stream));
+        CUDA_DEMO_CHECK(cudaMemcpyAsync(b.data(), y_dense.get(), b.size() * 2, cudaMemcpyDeviceToHost, stream));
+        CUDA_DEMO_CHECK(cudaStreamSynchronize(stream));
+        double num = 0, den = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+            float va, vb;
+            const uint32_t ba = static_cast<uint32_t>(a[i]) << 16, bb = static_cast<uint32_t>(b[i]) << 16;
+            std::memcpy(&va, &ba, 4);
+            std::memcpy(&vb, &bb, 4);
+            num += (double(va) - vb) * (double(va) - vb);
+            den += double(vb) * vb;
+        }
+        const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+        ok = ok && rel < 2e-2;
+        std::printf("  %6lld %22.1f %22.1f %8.2fx   (rel. difference %.1e)\n", (long long)m, t_tw, t_dense,
+                    t_dense / t_tw, rel);
+        twDestroyFfn(ffn);
+        for (twDnMatDescr_t dd : {X[0], X[1], X[2], X[3], Y, WG, WU, WD}) twDestroyDnMat(dd);
+    }
+    std::printf("  (%lld eager calls per loop after 20 warm-up calls; wall time, host and GPU)\n", (long long)steps);
+    DEMO_CHECK(h, twSetStream(h, nullptr));
+    cudaStreamDestroy(stream);
+    twDestroy(h);
+    return ok ? 0 : 1;
+}
 #endif
 
 }  // namespace
@@ -274,6 +375,21 @@ int main(int argc, char **argv) {
     twBackend_t backend;
     DEMO_CHECK(h, twGetBackend(h, &backend));
     if (o.tokens < 0) o.tokens = backend == TW_BACKEND_CUDA ? 16384 : 256;
+    if (o.serving) {
+#ifdef TWBLAS_DEMO_CUDA
+        if (backend == TW_BACKEND_CUDA) {
+            try {
+                return serving_demo(o, h);
+            } catch (const std::exception &e) {
+                std::fprintf(stderr, "twblas-demo: %s\n", e.what());
+                return 1;
+            }
+        }
+#endif
+        std::fprintf(stderr, "twblas-demo: --serving needs the CUDA backend and a GPU\n");
+        twDestroy(h);
+        return 2;
+    }
 
     tt::ProblemSpec spec;
     spec.tokens = o.tokens;

@@ -133,9 +133,11 @@ void launch_serve(cudaStream_t stream, const CudaFfnState &st, const FfnProblem 
     a.stats = st.stats_block(), a.publish = st.feedback.device();
     a.splits = heuristics::serve_splits(p.m);
     // 16-byte loads in flight per lane (U chunks of 4 weight rows and NT x rows) and warps per
-    // block (W) by token tiles; the split-K partials of W warps fit 32 KB of shared memory
+    // block (W) by token tiles; the split-K partials of W warps fit 32 KB of shared memory. Two
+    // blocks per SM must fit (registers), so that the H / 32 blocks run in one wave: U = 8 at
+    // one token tile held one block per SM and took 13.0 us at the paper's shape (two waves)
     if (p.m <= 8)
-        launch_serve_gate<T, 1, 8, 8>(stream, a);
+        launch_serve_gate<T, 1, 4, 8>(stream, a);
     else if (p.m <= 16)
         launch_serve_gate<T, 2, 4, 8>(stream, a);
     else if (p.m <= 32)

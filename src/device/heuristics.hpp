@@ -25,12 +25,15 @@ bool decode_applies(const FfnProblem &p);
 
 /// Serving (1 to this many tokens, 16-bit, DEFAULT precision): the tensor-core gate that writes
 /// the active-unit masks in its epilogue, then one gather kernel (kernels/serve.cuh): two launches
-/// in all. Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0 turns the path off) to time it against
+/// in all. Measured on an H100 at the paper's shape, uniform-29, graph replay, against the
+/// cuBLAS-gate paths of the same build's predecessor: M = 16 29.8 us against 49.8, M = 32 32.3
+/// against 50.4, but M = 64 52.3 against 50.8 (its gate, 8 token tiles, re-reads X from L2 per
+/// 32 units: 26 us alone), so the path stops at 32 tokens (bench/NOTES.md, "serving path"). Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0 turns the path off) to time it against
 /// the other paths at the same M.
 #ifdef TWBLAS_SERVE_MAX_TOKENS
 constexpr int64_t kServeMaxTokens = TWBLAS_SERVE_MAX_TOKENS;
 #else
-constexpr int64_t kServeMaxTokens = 64;
+constexpr int64_t kServeMaxTokens = 32;
 #endif
 bool serve_applies(const FfnProblem &p);
 /// Teams per token of the serving path's gather kernel: about 128 teams in all, so that a team

@@ -176,13 +176,16 @@ template <class T, int NT, int U, int W> __global__ void __launch_bounds__(32 * 
 /// holds more than `slots` of them, -2 when the row is long (both only for the statistics and
 /// the path choice: the row was computed exactly either way).
 template <class T> __device__ inline void serve_row_counts(const ServeArgs<T> &a, int64_t t, int32_t *shared_totals) {
+    // a thread per mask word (a round of independent loads), tiles summed across lanes: a tile
+    // of 64, 128 or 256 units is 2, 4 or 8 consecutive words, so lanes of one tile are in one warp
     const uint32_t *mw = a.masks + t * a.words;
-    const int64_t tiles = (a.h + a.tile - 1) / a.tile, per_tile = a.tile / 32;
+    const int per_tile = a.tile / 32;
     int total = 0, over = 0;
-    for (int64_t i = threadIdx.x; i < tiles; i += blockDim.x) {
-        int n = 0;
-        for (int64_t w = i * per_tile; w < min(a.words, (i + 1) * per_tile); ++w) n += __popc(__ldcg(mw + w));
+    for (int64_t w0 = 0; w0 < a.words; w0 += blockDim.x) {  // uniform trip count: shuffles are safe
+        const int64_t w = w0 + threadIdx.x;
+        int n = w < a.words ? __popc(__ldcg(mw + w)) : 0;
         total += n;
+        for (int o = 1; o < per_tile; o <<= 1) n += __shfl_xor_sync(kFullMask, n, o);
         over |= n > a.slots;
     }
     total = __reduce_add_sync(kFullMask, total);
