@@ -153,6 +153,38 @@ template <class F> double median_gpu_ms(int reps, cudaStream_t stream, F &&f) {
     return t[t.size() / 2];
 }
 
+/// The weights in bf16 as both GPU demos upload them: [Wg; Wu] (2H x D, or Wu alone for a plain
+/// FFN) and Wd as nn.Linear's down_proj.weight (D x H).
+struct Bf16Weights {
+    std::vector<uint16_t> gate_up, down_linear;
+};
+Bf16Weights bf16_weights(const tt::FfnProblem &p, bool gated, int64_t d, int64_t hd) {
+    Bf16Weights w;
+    w.gate_up = gated ? tt::to_bf16(p.w_gate) : std::vector<uint16_t>();
+    const std::vector<uint16_t> u16 = tt::to_bf16(p.w_up), wd_rows = tt::to_bf16(p.w_down);
+    w.gate_up.insert(w.gate_up.end(), u16.begin(), u16.end());
+    w.down_linear.resize(wd_rows.size());
+    for (int64_t j = 0; j < hd; ++j)
+        for (int64_t c = 0; c < d; ++c) w.down_linear[c * hd + j] = wd_rows[j * d + c];
+    return w;
+}
+
+/// The dense cuBLAS FFN of up to m tokens over the uploaded weights.
+tt::DenseFfnShape dense_shape(int64_t d, int64_t hd, int64_t m, bool gated) {
+    tt::DenseFfnShape shape;
+    shape.model_dim = d;
+    shape.hidden_dim = hd;
+    shape.max_tokens = m;
+    shape.gated = gated;
+    return shape;
+}
+tt::DenseFfnWeights dense_weights(const tt::DeviceMemory &gate_up, const tt::DeviceMemory &down) {
+    tt::DenseFfnWeights weights;
+    weights.gate_up = gate_up.get();
+    weights.down = down.get();
+    return weights;
+}
+
 /// The GPU demo: twSpGEMMFused against the dense cuBLAS FFN a user has today (one GEMM over
 /// [Wg; Wu], ReLU * product, the down GEMM; src/testing/cuda/dense_ffn), both on the same device
 /// data, and the result checked against a dense fp32 FFN on the CPU over the first rows.
@@ -163,13 +195,8 @@ int gpu_demo(const Options &o, twHandle_t h, const tt::FfnProblem &p, const tt::
     CUDA_DEMO_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     DEMO_CHECK(h, twSetStream(h, stream));
     const std::vector<uint16_t> x16 = tt::to_bf16(p.x);
-    std::vector<uint16_t> gu16 = o.gated ? tt::to_bf16(p.w_gate) : std::vector<uint16_t>();
-    const std::vector<uint16_t> u16 = tt::to_bf16(p.w_up), wd_rows = tt::to_bf16(p.w_down);
-    gu16.insert(gu16.end(), u16.begin(), u16.end());
-    std::vector<uint16_t> wd_lin(wd_rows.size());  // nn.Linear's down_proj.weight: D x H
-    for (int64_t j = 0; j < hd; ++j)
-        for (int64_t c = 0; c < d; ++c) wd_lin[c * hd + j] = wd_rows[j * d + c];
-    const DeviceMemory dx(x16), dgu(gu16), dwd(wd_lin), dy(static_cast<size_t>(m * d) * 2);
+    const Bf16Weights w16 = bf16_weights(p, o.gated, d, hd);
+    const DeviceMemory dx(x16), dgu(w16.gate_up), dwd(w16.down_linear), dy(static_cast<size_t>(m * d) * 2);
     twDnMatDescr_t X, Y, WG = nullptr, WU, WD;
     DEMO_CHECK(h, twCreateDnMat(&X, m, d, d, dx.get(), TW_R_16BF, TW_ORDER_ROW));
     DEMO_CHECK(h, twCreateDnMat(&Y, m, d, d, dy.get(), TW_R_16BF, TW_ORDER_ROW));
@@ -192,15 +219,8 @@ int gpu_demo(const Options &o, twHandle_t h, const tt::FfnProblem &p, const tt::
     CUDA_DEMO_CHECK(cudaStreamSynchronize(stream));
 
     // dense cuBLAS FFN on the same device data
-    tt::DenseFfnShape shape;
-    shape.model_dim = d;
-    shape.hidden_dim = hd;
-    shape.max_tokens = m;
-    shape.gated = o.gated;
-    tt::DenseFfn dense(shape);
-    tt::DenseFfnWeights weights;
-    weights.gate_up = dgu.get();
-    weights.down = dwd.get();
+    tt::DenseFfn dense(dense_shape(d, hd, m, o.gated));
+    const tt::DenseFfnWeights weights = dense_weights(dgu, dwd);
     const DeviceMemory y_dense(static_cast<size_t>(m * d) * 2);
     const double t_dense = median_gpu_ms(o.reps, stream, [&] { dense.forward(stream, dx.get(), weights, m, y_dense.get()); });
 
@@ -294,13 +314,8 @@ int serving_demo(const Options &o, twHandle_t h) {
         spec.gated = o.gated;
         spec.seed = o.seed;
         const tt::FfnProblem p = tt::make_ffn_problem(spec);
-        std::vector<uint16_t> gu16 = o.gated ? tt::to_bf16(p.w_gate) : std::vector<uint16_t>();
-        const std::vector<uint16_t> u16 = tt::to_bf16(p.w_up), wd_rows = tt::to_bf16(p.w_down);
-        gu16.insert(gu16.end(), u16.begin(), u16.end());
-        std::vector<uint16_t> wd_lin(wd_rows.size());
-        for (int64_t j = 0; j < hd; ++j)
-            for (int64_t c = 0; c < d; ++c) wd_lin[c * hd + j] = wd_rows[j * d + c];
-        const DeviceMemory dx(tt::to_bf16(p.x)), dgu(gu16), dwd(wd_lin), dy(static_cast<size_t>(m * d) * 2);
+        const Bf16Weights w16 = bf16_weights(p, o.gated, d, hd);
+        const DeviceMemory dx(tt::to_bf16(p.x)), dgu(w16.gate_up), dwd(w16.down_linear), dy(static_cast<size_t>(m * d) * 2);
         twDnMatDescr_t X[4], Y, WG = nullptr, WU, WD;
         for (int b = 0; b < 4; ++b)
             DEMO_CHECK(h, twCreateDnMat(&X[b], m, d, d, dx.get<uint16_t>() + b * m * d, TW_R_16BF, TW_ORDER_ROW));
@@ -313,15 +328,8 @@ int serving_demo(const Options &o, twHandle_t h) {
         size_t bytes = 0;
         DEMO_CHECK(h, twSpGEMMFused_bufferSize(h, ffn, X[0], Y, &bytes));
         const DeviceMemory ws(bytes);
-        tt::DenseFfnShape shape;
-        shape.model_dim = d;
-        shape.hidden_dim = hd;
-        shape.max_tokens = m;
-        shape.gated = o.gated;
-        tt::DenseFfn dense(shape);
-        tt::DenseFfnWeights weights;
-        weights.gate_up = dgu.get();
-        weights.down = dwd.get();
+        tt::DenseFfn dense(dense_shape(d, hd, m, o.gated));
+        const tt::DenseFfnWeights weights = dense_weights(dgu, dwd);
         const DeviceMemory y_dense(static_cast<size_t>(m * d) * 2);
         auto loop_us = [&](auto &&step) {
             for (int64_t s = 0; s < 20; ++s) step(s);  // warm-up (the path settles, calls are captured)
