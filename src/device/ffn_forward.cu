@@ -115,7 +115,7 @@ template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const Se
 }
 
 template <class T>
-void launch_serve(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const FfnWeights &w,
+void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnWeights &w,
                   const MatrixArg &x, const MatrixArg &y, const FfnScratch &s, unsigned long long *neuron_counts,
                   bool write_h) {
     ServeArgs<T> a{};
@@ -132,19 +132,27 @@ void launch_serve(cudaStream_t stream, const CudaFfnState &st, const FfnProblem 
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
     a.splits = heuristics::serve_splits(p.m);
-    // 16-byte loads in flight per lane (U chunks of 4 weight rows and NT x rows) and warps per
-    // block (W) by token tiles; the split-K partials of W warps fit 32 KB of shared memory. Two
-    // blocks per SM must fit (registers), so that the H / 32 blocks run in one wave: U = 8 at
-    // one token tile held one block per SM and took 13.0 us at the paper's shape (two waves)
-    if (p.m <= 8)
+    if (p.m > heuristics::kServeGateMaxTokens) {
+        // cuBLAS's gate GEMM (z rounded to T), the tickets zeroed before it; serve_sparse forms
+        // the masks from the gate
+        check(cudaMemsetAsync(a.tickets, 0, static_cast<size_t>(p.m + 1) * sizeof(uint32_t), stream), "cudaMemsetAsync");
+        st.gemm.run(stream, 1.0f, {x.ptr, p.m, p.d, x.rs, TW_ORDER_ROW, p.type},
+                    {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type}, {s.gate, s.ldg, p.type}, s.lt_workspace,
+                    s.lt_bytes);
+        a.masks_from_gate = true;
+    }
+    // serve_gate: 16-byte loads in flight per lane (U chunks of 4 weight rows and NT x rows) and
+    // warps per block (W) by token tiles; the split-K partials of W warps fit 32 KB of shared
+    // memory. Two blocks per SM must fit (registers), so that the H / 32 blocks run in one wave:
+    // U = 8 at one token tile held one block per SM and took 13.0 us at the paper's shape (two waves)
+    else if (p.m <= 8) {
         launch_serve_gate<T, 1, 4, 8>(stream, a);
-    else if (p.m <= 16)
+    } else if (p.m <= 16) {
         launch_serve_gate<T, 2, 4, 8>(stream, a);
-    else if (p.m <= 32)
+    } else {
         launch_serve_gate<T, 4, 2, 8>(stream, a);
-    else
-        launch_serve_gate<T, 8, 2, 4>(stream, a);
-    static_assert(heuristics::kServeMaxTokens <= 64, "serve_gate instantiates up to 8 token tiles");
+    }
+    static_assert(heuristics::kServeGateMaxTokens <= 32, "serve_gate instantiates up to 4 token tiles");
     if (p.dp <= 4096)
         launch_serve_sparse<T, 1>(stream, a);
     else

@@ -23,17 +23,27 @@ namespace heuristics {
 constexpr int64_t kDecodeMaxTokens = 4;
 bool decode_applies(const FfnProblem &p);
 
-/// Serving (1 to this many tokens, 16-bit, DEFAULT precision): the tensor-core gate that writes
-/// the active-unit masks in its epilogue, then one gather kernel (kernels/serve.cuh): two launches
-/// in all. Measured on an H100 at the paper's shape, uniform-29, graph replay, against the
-/// cuBLAS-gate paths of the same build's predecessor: M = 16 29.8 us against 49.8, M = 32 32.3
-/// against 50.4, but M = 64 52.3 against 50.8 (its gate, 8 token tiles, re-reads X from L2 per
-/// 32 units: 26 us alone), so the path stops at 32 tokens (bench/NOTES.md, "serving path"). Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0 turns the path off) to time it against
-/// the other paths at the same M.
+/// Serving (1 to this many tokens, 16-bit, DEFAULT precision): the active-unit masks formed on
+/// the device, then one gather kernel whose teams read each active unit's Wu and Wd rows once per
+/// token (kernels/serve.cuh). Measured on an H100, uniform-29, graph replay, against the cuBLAS-
+/// gate paths of the previous build in the same run: paper's shape M = 64 / 128 / 256 41.5 /
+/// 52.4 / 56.5 us against 52.9 / 62.0 / 69.9, but M = 512 97.3 against 78.2 (the per-token teams
+/// read each shared unit's rows again), Llama's M = 64 87.5 against 116. Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0 turns the path off)
+/// to time it against the cuBLAS-gate paths at the same M (bench/NOTES.md, "serving path").
 #ifdef TWBLAS_SERVE_MAX_TOKENS
 constexpr int64_t kServeMaxTokens = TWBLAS_SERVE_MAX_TOKENS;
 #else
-constexpr int64_t kServeMaxTokens = 32;
+constexpr int64_t kServeMaxTokens = 256;
+#endif
+/// Up to this many tokens the serving path's gate is its own tensor-core kernel, which writes the
+/// masks in its epilogue; beyond it cuBLAS's gate GEMM, the gather kernel forming the masks.
+/// Measured on an H100 at the paper's shape, uniform-29, graph replay: the own gate streams Wg
+/// in 12-13 us up to 32 tokens, but at 64 (8 token tiles, X re-read from L2 per 32 units) it took
+/// 25.9 us against cuBLAS's 12.4.
+#ifdef TWBLAS_SERVE_GATE_MAX_TOKENS
+constexpr int64_t kServeGateMaxTokens = TWBLAS_SERVE_GATE_MAX_TOKENS;
+#else
+constexpr int64_t kServeGateMaxTokens = 32;
 #endif
 bool serve_applies(const FfnProblem &p);
 /// Teams per token of the serving path's gather kernel: about 128 teams in all, so that a team

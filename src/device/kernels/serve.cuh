@@ -1,8 +1,10 @@
 // The serving path (1 to kServeMaxTokens tokens, 16-bit types): two launches joined by
 // programmatic dependent launch, so that the second one's start hides behind the first one's end.
-//   serve_gate    the gate on tensor cores, streaming Wg once: a block owns 32 units and its warps
-//                 split K; its epilogue writes g of the active units (0 elsewhere) and, per token,
-//                 one 32-bit word with the block's active units (no pass over the gate later);
+//   serve_gate    (up to kServeGateMaxTokens tokens) the gate on tensor cores, streaming Wg once: a
+//                 block owns 32 units and its warps split K; its epilogue writes g of the active
+//                 units (0 elsewhere) and, per token, one 32-bit word with the block's active units
+//                 (no pass over the gate later). More tokens take cuBLAS's gate GEMM instead, and
+//                 serve_sparse forms each team's mask words from that gate as it starts;
 //   serve_sparse  a team per (token, split): the split's active units in ascending order, their
 //                 [Wu_j | Wd_j] rows read once, y accumulated in registers; the last team of a
 //                 token sums the splits in split order, and the last token finishes the
@@ -30,11 +32,12 @@ template <class T> struct ServeArgs {
     const T *pair;   // [Wu_j | Wd_j] (gated) or [Wd_j]
     int64_t pair_stride;
     bool gated, write_h;
+    bool masks_from_gate;  // the gate came from cuBLAS: serve_sparse forms the masks (else serve_gate did)
     T *gate;  // M x ldg: g of the active units, 0 elsewhere; h over g when write_h
     int64_t ldg;
     uint32_t *masks;  // M x words: bit b of word w of token t: unit 32 w + b is active
     int64_t words;
-    uint32_t *tickets;  // M per-token tickets, then one for the whole grid (zeroed by serve_gate)
+    uint32_t *tickets;  // M per-token tickets, then one for the whole grid (zeroed before serve_sparse)
     unsigned long long *neuron_counts;
     T *y;
     int64_t y_rs, y_cs;
@@ -172,6 +175,40 @@ template <class T, int NT, int U, int W> __global__ void __launch_bounds__(32 * 
 
 // ---- serve_sparse: a team of W warps per (token, split); V 16-byte chunks of a row per thread
 
+/// Mask word w of token t from a cuBLAS gate row (more tokens than serve_gate takes): bit b set
+/// when unit 32 w + b is active. Counts each active unit, and zeroes the inactive ones when the
+/// gate buffer becomes the hidden output (serve_gate's epilogue does both on its path).
+template <class T> __device__ inline uint32_t serve_mask_from_gate(const ServeArgs<T> &a, int64_t t, int64_t w) {
+    constexpr int E = Chunk<T>::n;  // 8: four chunks per word
+    T *row = a.gate + t * a.ldg;
+    uint4 v[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {  // ldg is a multiple of 8: whole chunks up to it
+        const int64_t u0 = w * 32 + c * E;
+        v[c] = u0 < a.ldg ? __ldcg(reinterpret_cast<const uint4 *>(row + u0)) : make_uint4(0, 0, 0, 0);
+    }
+    uint32_t bits = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        uint32_t chunk_bits = 0;
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+            chunk_bits |= static_cast<uint32_t>(w * 32 + c * E + e < a.h && relu_active(Chunk<T>::get(v[c], e))) << e;
+        bits |= chunk_bits << (c * E);
+        const int64_t u0 = w * 32 + c * E;
+        if (a.write_h && u0 < a.ldg && chunk_bits != 0xffu) {
+            // keep the active halves of each 32-bit word (values 2i, 2i + 1); +0 is 0 in both types
+            auto keep = [&](uint32_t word, int i) {
+                return word & ((chunk_bits >> (2 * i) & 1u ? 0xffffu : 0u) | (chunk_bits >> (2 * i + 1) & 1u ? 0xffff0000u : 0u));
+            };
+            *reinterpret_cast<uint4 *>(row + u0) = make_uint4(keep(v[c].x, 0), keep(v[c].y, 1), keep(v[c].z, 2), keep(v[c].w, 3));
+        }
+    }
+    if (a.neuron_counts)
+        for (uint32_t b = bits; b; b &= b - 1) atomicAdd(a.neuron_counts + w * 32 + __ffs(b) - 1, 1ull);
+    return bits;
+}
+
 /// A token's statistics from its mask words, by the block: active units, -1 when a TwELL tile
 /// holds more than `slots` of them, -2 when the row is long (both only for the statistics and
 /// the path choice: the row was computed exactly either way).
@@ -226,7 +263,15 @@ template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(Se
     cudaGridDependencySynchronize();  // serve_gate's g, masks and zeroed tickets
 #endif
     const int64_t w0 = a.words * split / splits, w1 = a.words * (split + 1) / splits;
-    for (int64_t w = w0 + tid; w < w1; w += threads) split_masks[w - w0] = a.masks[t * a.words + w];
+    for (int64_t w = w0 + tid; w < w1; w += threads) {
+        if (a.masks_from_gate) {
+            const uint32_t bits = serve_mask_from_gate(a, t, w);
+            split_masks[w - w0] = bits;
+            a.masks[t * a.words + w] = bits;  // for the token's counts (serve_row_counts)
+        } else {
+            split_masks[w - w0] = a.masks[t * a.words + w];
+        }
+    }
     __syncthreads();
 
     float acc[V][E];
