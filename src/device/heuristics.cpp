@@ -15,7 +15,7 @@ bool serve_applies(const FfnProblem &p) {
 }
 
 int serve_splits(int64_t tokens) {
-    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({16, 128 / std::max<int64_t>(1, tokens),
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({16, 256 / std::max<int64_t>(1, tokens),
                                                                     fused_splits(tokens)})));
 }
 

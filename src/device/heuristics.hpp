@@ -25,10 +25,11 @@ bool decode_applies(const FfnProblem &p);
 
 /// Serving (1 to this many tokens, 16-bit, DEFAULT precision): the active-unit masks formed on
 /// the device, then one gather kernel whose teams read each active unit's Wu and Wd rows once per
-/// token (kernels/serve.cuh). Measured on an H100, uniform-29, graph replay, against the cuBLAS-
-/// gate paths of the previous build in the same run: paper's shape M = 64 / 128 / 256 41.5 /
-/// 52.4 / 56.5 us against 52.9 / 62.0 / 69.9, but M = 512 97.3 against 78.2 (the per-token teams
-/// read each shared unit's rows again), Llama's M = 64 87.5 against 116. Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0 turns the path off)
+/// token (kernels/serve.cuh). Measured on an H100, uniform-29, graph replay, against the previous
+/// build (serving path up to 32 tokens, cuBLAS-gate paths beyond) in the same run: paper's shape
+/// M = 64 / 128 / 256 36.8 / 45.4 / 56.7 us against 52.8 / 62.3 / 69.5; Llama's shape M = 64 /
+/// 256 85.1 / 139 against 114 / 164; but at M = 512 the per-token teams, which read a unit's rows
+/// once per token using it, took 97.3 us against 78.1 (paper's shape) and 295 against 228. Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0 turns the path off)
 /// to time it against the cuBLAS-gate paths at the same M (bench/NOTES.md, "serving path").
 #ifdef TWBLAS_SERVE_MAX_TOKENS
 constexpr int64_t kServeMaxTokens = TWBLAS_SERVE_MAX_TOKENS;
@@ -46,9 +47,9 @@ constexpr int64_t kServeGateMaxTokens = TWBLAS_SERVE_GATE_MAX_TOKENS;
 constexpr int64_t kServeGateMaxTokens = 32;
 #endif
 bool serve_applies(const FfnProblem &p);
-/// Teams per token of the serving path's gather kernel: about 128 teams in all, so that a team
-/// holds one or two batches of units (the fused kernel's splits bound it: the partial rows live
-/// in the same scratch). Depends on M alone, so results stay reproducible.
+/// Teams per token of the serving path's gather kernel: about 256 teams in all (two per SM), so
+/// that a team holds a few batches of units (the fused kernel's splits bound it: the partial rows
+/// live in the same scratch). Depends on M alone, so results stay reproducible.
 int serve_splits(int64_t tokens);
 
 /// From this many tokens the sparse rows go through the two-pass kernels (a warp per active

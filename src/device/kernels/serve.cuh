@@ -237,12 +237,13 @@ template <class T> __device__ inline void serve_row_counts(const ServeArgs<T> &a
     }
 }
 
-/// Units a serve_sparse team takes at once: their rows are all in flight before the first is used.
+/// Units a serve_sparse team takes at once (at one 16-byte chunk per thread; half as many at two):
+/// their rows are all in flight before the first is used, and the next batch's while it is used.
 constexpr int kServeBatch = 4;
 
 // A team covers a row with V 16-byte chunks per thread (V = 1 up to D = 4096 with 512 threads).
 template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(ServeArgs<T> a) {
-    constexpr int E = Chunk<T>::n, B = kServeBatch;
+    constexpr int E = Chunk<T>::n, B = kServeBatch / V;  // two batches' rows in registers
     extern __shared__ uint32_t split_masks[];  // this split's mask words
     __shared__ float dots[2][B][16];
     __shared__ int32_t totals[16];
@@ -283,36 +284,53 @@ template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(Se
     int parity = 0;
     const int64_t down = a.gated ? a.dp : 0;
 
-    // the split's active units in ascending order (every thread walks the same words)
+    // the split's active units in ascending order (every thread walks the same words; a warp
+    // looks at 32 words at a time for the next nonzero one, so empty words cost no chain of loads)
     int64_t w = w0;
     uint32_t bits = w < w1 ? split_masks[0] : 0u;
     auto next_unit = [&]() -> int64_t {
         while (bits == 0) {
             if (++w >= w1) return -1;
-            bits = split_masks[w - w0];
+            const uint32_t mine = w + lane < w1 ? split_masks[w + lane - w0] : 0u;
+            const unsigned nonzero = __ballot_sync(kFullMask, mine != 0);
+            if (nonzero == 0) {
+                w += 31;  // none of these 32: the loop's ++w moves past them
+                continue;
+            }
+            const int first = __ffs(nonzero) - 1;
+            w += first;
+            bits = __shfl_sync(kFullMask, mine, first);
         }
         const int b = __ffs(bits) - 1;
         bits &= bits - 1;
         return w * 32 + b;
     };
-    for (;;) {
+    // a batch: B units, their rows and g
+    struct Batch {
         int64_t j[B];
-#pragma unroll
-        for (int b = 0; b < B; ++b) j[b] = next_unit();
-        if (j[0] < 0) break;
         uint4 wu[B][V], wd[B][V];
         float g[B];
+    };
+    auto fetch = [&](Batch &n) {
+#pragma unroll
+        for (int b = 0; b < B; ++b) n.j[b] = next_unit();
 #pragma unroll
         for (int b = 0; b < B; ++b) {  // every load of the batch in flight at once
-            const T *row = a.pair + (j[b] < 0 ? 0 : j[b]) * a.pair_stride;
+            const T *row = a.pair + (n.j[b] < 0 ? 0 : n.j[b]) * a.pair_stride;
 #pragma unroll
             for (int c = 0; c < V; ++c) {
-                const bool ok = j[b] >= 0 && k_of(c) < a.dp;
-                wu[b][c] = ok && a.gated ? __ldg(reinterpret_cast<const uint4 *>(row + k_of(c))) : make_uint4(0, 0, 0, 0);
-                wd[b][c] = ok ? __ldg(reinterpret_cast<const uint4 *>(row + down + k_of(c))) : make_uint4(0, 0, 0, 0);
+                const bool ok = n.j[b] >= 0 && k_of(c) < a.dp;
+                n.wu[b][c] = ok && a.gated ? __ldg(reinterpret_cast<const uint4 *>(row + k_of(c))) : make_uint4(0, 0, 0, 0);
+                n.wd[b][c] = ok ? __ldg(reinterpret_cast<const uint4 *>(row + down + k_of(c))) : make_uint4(0, 0, 0, 0);
             }
-            g[b] = j[b] >= 0 ? Value<T>::to_float(a.gate[t * a.ldg + j[b]]) : 0.0f;
+            n.g[b] = n.j[b] >= 0 ? Value<T>::to_float(a.gate[t * a.ldg + n.j[b]]) : 0.0f;
         }
+    };
+    Batch cur;
+    fetch(cur);
+    while (cur.j[0] >= 0) {
+        Batch next;
+        fetch(next);  // the next batch's loads in flight while this one is used
         float h[B];
         if (a.gated) {
             // the batch's dot products x_t . Wu_j: per thread, per warp (butterfly), then the
@@ -323,7 +341,7 @@ template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(Se
 #pragma unroll
                 for (int c = 0; c < V; ++c)
 #pragma unroll
-                    for (int e = 0; e < E; ++e) part = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(wu[b][c], e), part);
+                    for (int e = 0; e < E; ++e) part = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(cur.wu[b][c], e), part);
                 part = warp_sum(part);
                 if (lane == 0) dots[parity][b][warp] = part;
             }
@@ -332,23 +350,24 @@ template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(Se
             for (int b = 0; b < B; ++b) {
                 float dot = 0.0f;
                 for (int ww = 0; ww < warps; ++ww) dot += dots[parity][b][ww];
-                h[b] = round_to<T>(g[b] * round_to<T>(dot));
+                h[b] = round_to<T>(cur.g[b] * round_to<T>(dot));
             }
             parity ^= 1;
         } else {
 #pragma unroll
-            for (int b = 0; b < B; ++b) h[b] = g[b];
+            for (int b = 0; b < B; ++b) h[b] = cur.g[b];
         }
 #pragma unroll
         for (int b = 0; b < B; ++b) {
-            if (j[b] < 0) continue;
+            if (cur.j[b] < 0) continue;
             l1 += fabsf(h[b]);
-            if (a.write_h && tid == 0) a.gate[t * a.ldg + j[b]] = Value<T>::from_float(h[b]);
+            if (a.write_h && tid == 0) a.gate[t * a.ldg + cur.j[b]] = Value<T>::from_float(h[b]);
 #pragma unroll
             for (int c = 0; c < V; ++c)
 #pragma unroll
-                for (int e = 0; e < E; ++e) acc[c][e] = fmaf(h[b], Chunk<T>::get(wd[b][c], e), acc[c][e]);
+                for (int e = 0; e < E; ++e) acc[c][e] = fmaf(h[b], Chunk<T>::get(cur.wd[b][c], e), acc[c][e]);
         }
+        cur = next;
     }
 
     // one split: y directly; several: partial rows, and the token's last team sums them in order
