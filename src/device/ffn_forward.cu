@@ -47,11 +47,13 @@ struct ForwardPath {
 ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x, const twDnMatDescr &y,
                         bool training) {
     ForwardPath path{};
-    // serving: x rows go straight into the MMA fragments, so they must start on 16 bytes; after a
-    // forward that chose dense mode the cuBLAS projections win
-    path.serve = !training && heuristics::serve_applies(p) && rows_aligned16(matrix_arg(x)) &&
-                 !(st.dense_mode && !p.deterministic);
-    path.decode = !training && !path.serve && heuristics::decode_applies(p);
+    // after a forward that chose dense mode the cuBLAS projections win, unless few tokens gather
+    // fewer weight rows than they read
+    const bool gathers = !st.dense_mode || p.deterministic ||
+                         heuristics::gathers_pay_in_dense_mode(st.mean_active, p.m, p.h);
+    // serving: x rows go straight into the MMA fragments, so they must start on 16 bytes
+    path.serve = !training && gathers && heuristics::serve_applies(p) && rows_aligned16(matrix_arg(x));
+    path.decode = !training && gathers && !path.serve && heuristics::decode_applies(p);
     // deterministic mode never switches (bits would depend on history); fp32 intermediates have
     // no cuBLAS form here, so they stay sparse too
     const bool cublas = !p.deterministic && p.cublas_ok() && p.m > 0;

@@ -45,9 +45,9 @@ struct FfnDeviceStats {
 /// kernel by about a microsecond). `check` (feedback_check) tells a whole record from a torn
 /// read; `published` is 0 until a first record.
 struct alignas(16) FfnFeedback {
-    uint32_t dense_mode;  // heuristics::dense_mode_after of the forward
-    float dense_share;    // share of its rows on the dense path
-    uint32_t published;   // 1
+    uint32_t mode;      // feedback_mode: dense mode and the mean active units of the forward
+    float dense_share;  // share of its rows on the dense path
+    uint32_t published; // 1
     uint32_t check;
 };
 #if defined(__CUDACC__)
@@ -55,6 +55,13 @@ struct alignas(16) FfnFeedback {
 #else
 #define TWBLAS_HOST_DEVICE
 #endif
+/// The mode word: bit 0 heuristics::dense_mode_after, above it the mean active units per token
+/// rounded down (saturated), which decides whether gathers still pay at a few tokens.
+TWBLAS_HOST_DEVICE inline uint32_t feedback_mode(bool dense_mode, double mean_active) {
+    const double cap = 2147483647.0;
+    const uint32_t mean = static_cast<uint32_t>(mean_active < cap ? (mean_active > 0.0 ? mean_active : 0.0) : cap);
+    return (mean << 1) | (dense_mode ? 1u : 0u);
+}
 TWBLAS_HOST_DEVICE inline uint32_t feedback_check(uint32_t mode, uint32_t share_bits) {
     return (mode * 0x85ebca6bu ^ ((share_bits << 13) | (share_bits >> 19))) + 0x9e3779b9u;
 }

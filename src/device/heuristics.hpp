@@ -47,6 +47,13 @@ constexpr int64_t kServeGateMaxTokens = TWBLAS_SERVE_GATE_MAX_TOKENS;
 constexpr int64_t kServeGateMaxTokens = 32;
 #endif
 bool serve_applies(const FfnProblem &p);
+/// After a forward that chose dense mode (below), a call of few tokens still gathers (serving or
+/// decode path) while the unit rows it gathers, tokens x mean active units, are at most H: then
+/// it reads fewer weight bytes than the cuBLAS projections, which read all of Wu and Wd. (The
+/// llm-29 profile's first tokens have ~600 active units: at M = 1 to 32 dense mode took 67 to 96
+/// us against 35 to 37 for the dense FFN, on an H100 at the paper's shape.)
+bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidden_dim);
+
 /// Teams per token of the serving path's gather kernel: about 256 teams in all (two per SM), so
 /// that a team holds a few batches of units (the fused kernel's splits bound it: the partial rows
 /// live in the same scratch). Depends on M alone, so results stay reproducible.

@@ -52,7 +52,7 @@ __device__ inline void reduce_and_publish_statistics(int64_t m, int64_t h, const
         // one 16-byte store with a check word, so that a torn read is recognised
         const double mean = m > 0 ? static_cast<double>(tn) / static_cast<double>(m) : 0.0;
         const float share = m > 0 ? static_cast<float>(static_cast<double>(td) / static_cast<double>(m)) : 0.0f;
-        const uint32_t mode = heuristics::dense_mode_after(mean, share, h) ? 1u : 0u;
+        const uint32_t mode = feedback_mode(heuristics::dense_mode_after(mean, share, h), mean);
         const uint32_t share_bits = __float_as_uint(share);
         if (last_record.z != 1u || last_record.x != mode || last_record.y != share_bits) {
             const uint4 record = make_uint4(mode, share_bits, 1u, feedback_check(mode, share_bits));
