@@ -175,8 +175,9 @@ void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, 
 /// Dense mode: the per-unit activation counts, by columns of the gate.
 template <class T>
 void launch_count_dense(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *counts) {
-    const dim3 grid(static_cast<unsigned>(ceil_div(s.ldg, 256 * 8)), static_cast<unsigned>(ceil_div(p.m, kCountRows)));
-    count_active_columns<T><<<grid, 256, 0, stream>>>(static_cast<const T *>(s.gate), s.ldg, p.m, p.h, counts);
+    const int64_t rows = count_rows_per_block(p.m);
+    const dim3 grid(static_cast<unsigned>(ceil_div(s.ldg, 256 * 8)), static_cast<unsigned>(ceil_div(p.m, rows)));
+    count_active_columns<T><<<grid, 256, 0, stream>>>(static_cast<const T *>(s.gate), s.ldg, p.m, p.h, rows, counts);
     check_launch("count_active_columns");
 }
 

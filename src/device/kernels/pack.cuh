@@ -11,7 +11,10 @@ namespace twblas::cuda {
 
 // ---- pack: one warp per token, 256 gate values (8 per lane) per step
 
-template <class T> struct PackArgs {
+constexpr int kPackAhead = 4;
+
+template <class T>
+struct PackArgs {
     void *gate;
     int64_t ldg, m, h;
     bool gate_f32, zero_inactive;
@@ -26,7 +29,8 @@ template <class T> struct PackArgs {
     float *row_l1;
 };
 
-template <class T> __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> a) {
+template <class T>
+__global__ void __launch_bounds__(128) pack_rows(PackArgs<T> a) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
     if (row >= a.m) return;
     const int lane = threadIdx.x & 31;
@@ -36,54 +40,73 @@ template <class T> __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> 
     int total = 0;
     bool overflow = false;
     float l1 = 0.0f;
-    for (int64_t c0 = 0; c0 < a.h; c0 += 256) {
-        const int64_t cl = c0 + lane * 8;
-        float v[8];
-        if (cl < a.ldg) {  // ldg is a multiple of 8: whole 16-byte chunks
-            if (a.gate_f32) {
-                const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(a.gate) + row * a.ldg + cl);
-                const float4 q0 = __ldcs(p), q1 = __ldcs(p + 1);
-                v[0] = q0.x, v[1] = q0.y, v[2] = q0.z, v[3] = q0.w, v[4] = q1.x, v[5] = q1.y, v[6] = q1.z, v[7] = q1.w;
-            } else {
-                const uint4 q = __ldcs(reinterpret_cast<const uint4 *>(static_cast<const T *>(a.gate) + row * a.ldg + cl));
-                for (int i = 0; i < 8; ++i) v[i] = Chunk<T>::get(q, i);
-            }
-        }
-        unsigned mask = 0;
-        for (int i = 0; i < 8; ++i)
-            if (cl + i < a.h && relu_active(v[i])) mask |= 1u << i;
-        const int n = __popc(mask);
-        const int incl = warp_scan_incl(n), excl = incl - n;
-        const int tile_base = __shfl_sync(kFullMask, excl, first);
-        const int tile_count = __shfl_sync(kFullMask, incl, first + lanes_per_tile - 1) - tile_base;
-        overflow |= __any_sync(kFullMask, tile_count > a.slots);
-        int pos = total + excl;
-        for (int i = 0; i < 8; ++i) {
-            if (!(mask >> i & 1u)) continue;
-            if (!a.dense_mode && pos < a.cap) idx[pos] = static_cast<uint16_t>(cl + i);
-            ++pos;
-            if (a.neuron_counts) atomicAdd(a.neuron_counts + cl + i, 1ull);
-        }
-        if constexpr (!std::is_same_v<T, float>) {
-            if (a.dense_mode && cl < a.ldg) {
-                // h = relu(g) * u rounded (gated) or relu(g), written over the gate values
-                uint4 uq = make_uint4(0, 0, 0, 0);
-                if (a.up) uq = *reinterpret_cast<const uint4 *>(a.up + row * a.ldg + cl);
-                T out[8];
-                for (int i = 0; i < 8; ++i) {
-                    float hv = 0.0f;
-                    if (mask >> i & 1u) hv = a.up ? round_to<T>(v[i] * Chunk<T>::get(uq, i)) : v[i];
-                    out[i] = Value<T>::from_float(hv);
-                    l1 += fabsf(Value<T>::to_float(out[i]));
+    // kPackAhead steps' loads in flight before the first is used: a warp's steps are otherwise a
+    // chain of dependent round trips (22 at H = 5632; ncu: 16 us at any M up to 512)
+    for (int64_t g0 = 0; g0 < a.h; g0 += 256 * kPackAhead) {
+        float vs[kPackAhead][8];
+        uint4 us[kPackAhead];
+#pragma unroll
+        for (int s = 0; s < kPackAhead; ++s) {
+            const int64_t cl = g0 + s * 256 + lane * 8;
+            us[s] = make_uint4(0, 0, 0, 0);
+            for (int i = 0; i < 8; ++i) vs[s][i] = 0.0f;
+            if (cl < a.ldg) {  // ldg is a multiple of 8: whole 16-byte chunks
+                if (a.gate_f32) {
+                    const float4 *p =
+                        reinterpret_cast<const float4 *>(static_cast<const float *>(a.gate) + row * a.ldg + cl);
+                    const float4 q0 = __ldcs(p), q1 = __ldcs(p + 1);
+                    vs[s][0] = q0.x, vs[s][1] = q0.y, vs[s][2] = q0.z, vs[s][3] = q0.w;
+                    vs[s][4] = q1.x, vs[s][5] = q1.y, vs[s][6] = q1.z, vs[s][7] = q1.w;
+                } else {
+                    const uint4 q =
+                        __ldcs(reinterpret_cast<const uint4 *>(static_cast<const T *>(a.gate) + row * a.ldg + cl));
+                    for (int i = 0; i < 8; ++i) vs[s][i] = Chunk<T>::get(q, i);
+                    if (a.dense_mode && a.up) us[s] = *reinterpret_cast<const uint4 *>(a.up + row * a.ldg + cl);
                 }
-                *reinterpret_cast<uint4 *>(static_cast<T *>(a.gate) + row * a.ldg + cl) = *reinterpret_cast<const uint4 *>(out);
             }
         }
-        if (a.zero_inactive && !a.dense_mode && cl < a.ldg && mask != 0xffu) {
+#pragma unroll
+        for (int s = 0; s < kPackAhead; ++s) {
+            const int64_t c0 = g0 + s * 256;
+            if (c0 >= a.h) break;  // the same for the whole warp
+            const int64_t cl = c0 + lane * 8;
+            const float *v = vs[s];
+            unsigned mask = 0;
             for (int i = 0; i < 8; ++i)
-                if (!(mask >> i & 1u)) gate_store<T>(a.gate, row * a.ldg + cl + i, a.gate_f32, 0.0f);
+                if (cl + i < a.h && relu_active(v[i])) mask |= 1u << i;
+            const int n = __popc(mask);
+            const int incl = warp_scan_incl(n), excl = incl - n;
+            const int tile_base = __shfl_sync(kFullMask, excl, first);
+            const int tile_count = __shfl_sync(kFullMask, incl, first + lanes_per_tile - 1) - tile_base;
+            overflow |= __any_sync(kFullMask, tile_count > a.slots);
+            int pos = total + excl;
+            for (int i = 0; i < 8; ++i) {
+                if (!(mask >> i & 1u)) continue;
+                if (!a.dense_mode && pos < a.cap) idx[pos] = static_cast<uint16_t>(cl + i);
+                ++pos;
+                if (a.neuron_counts) atomicAdd(a.neuron_counts + cl + i, 1ull);
+            }
+            if constexpr (!std::is_same_v<T, float>) {
+                if (a.dense_mode && cl < a.ldg) {
+                    // h = relu(g) * u rounded (gated) or relu(g), written over the gate values
+                    const uint4 uq = us[s];
+                    T out[8];
+                    for (int i = 0; i < 8; ++i) {
+                        float hv = 0.0f;
+                        if (mask >> i & 1u) hv = a.up ? round_to<T>(v[i] * Chunk<T>::get(uq, i)) : v[i];
+                        out[i] = Value<T>::from_float(hv);
+                        l1 += fabsf(Value<T>::to_float(out[i]));
+                    }
+                    *reinterpret_cast<uint4 *>(static_cast<T *>(a.gate) + row * a.ldg + cl) =
+                        *reinterpret_cast<const uint4 *>(out);
+                }
+            }
+            if (a.zero_inactive && !a.dense_mode && cl < a.ldg && mask != 0xffu) {
+                for (int i = 0; i < 8; ++i)
+                    if (!(mask >> i & 1u)) gate_store<T>(a.gate, row * a.ldg + cl + i, a.gate_f32, 0.0f);
+            }
+            total += __shfl_sync(kFullMask, incl, 31);
         }
-        total += __shfl_sync(kFullMask, incl, 31);
     }
     if (a.dense_mode) {
         for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, o);
@@ -107,18 +130,34 @@ template <class T> __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> 
 }
 
 /// Per-unit activation counts of a dense forward, by columns: each thread counts 8 adjacent
-/// units over 256 rows and adds once, instead of one atomic per active (token, unit), which at
-/// 900 active units per token contended on 5632 counters (ncu: the packing pass doubled).
-constexpr int kCountRows = 256;
-template <class T> __global__ void __launch_bounds__(256) count_active_columns(const T *gate, int64_t ldg, int64_t m,
-                                                                             int64_t h, unsigned long long *counts) {
+/// units over `rows` rows (count_rows_per_block) and adds once, instead of one atomic per active
+/// (token, unit), which at 900 active units per token contended on 5632 counters (ncu: the
+/// packing pass doubled). Eight rows' loads are in flight at a time.
+constexpr int kCountMaxRows = 256;
+inline int64_t count_rows_per_block(int64_t m) {
+    // about 128 row blocks (enough blocks at a few hundred tokens: 256 rows per block, one load
+    // after another, took ~100 us at M = 256), at most kCountMaxRows (atomics at large M)
+    const int64_t r = (m + 127) / 128;
+    return r < 8 ? 8 : r > kCountMaxRows ? kCountMaxRows : (r + 7) / 8 * 8;
+}
+template <class T>
+__global__ void __launch_bounds__(256)
+    count_active_columns(const T *gate, int64_t ldg, int64_t m, int64_t h, int64_t rows, unsigned long long *counts) {
     const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
     if (c0 >= ldg) return;
-    const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kCountRows, r1 = min(m, r0 + kCountRows);
+    const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows, r1 = min(m, r0 + rows);
     unsigned n[8] = {};
-    for (int64_t r = r0; r < r1; ++r) {
-        const uint4 q = __ldcs(reinterpret_cast<const uint4 *>(gate + r * ldg + c0));
-        for (int i = 0; i < 8; ++i) n[i] += relu_active(Chunk<T>::get(q, i)) ? 1u : 0u;
+    for (int64_t g = r0; g < r1; g += 8) {
+        uint4 q[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            q[k] = g + k < r1 ? __ldcs(reinterpret_cast<const uint4 *>(gate + (g + k) * ldg + c0))
+                              : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                n[i] += relu_active(Chunk<T>::get(q[k], i)) ? 1u : 0u;  // zeros count as inactive
     }
     for (int i = 0; i < 8; ++i)
         if (n[i] && c0 + i < h) atomicAdd(counts + c0 + i, static_cast<unsigned long long>(n[i]));
