@@ -1,0 +1,198 @@
+"""twblas.torch against dense PyTorch: forward, gradients, l1, the module, compile, bad input.
+
+Runs on the CPU backend everywhere, and on CUDA too where torch sees a GPU and libtwblas was
+built with the CUDA backend.
+"""
+
+import pytest
+import torch
+
+from twblas.torch import SparseMLP, sparse_ffn
+
+
+def _cuda_usable():
+    if not torch.cuda.is_available():
+        return False
+    try:
+        sparse_ffn(torch.zeros(1, 8, device="cuda"), None, torch.zeros(8, 8, device="cuda"),
+                   torch.zeros(8, 8, device="cuda"))
+        return True
+    except RuntimeError:  # a library built without the CUDA backend
+        return False
+
+
+DEVICES = ["cpu"] + (["cuda"] if _cuda_usable() else [])
+
+
+class DenseMLP(torch.nn.Module):
+    """The dense LLaMA-style MLP twblas must match."""
+
+    def __init__(self, d, h, gated, dtype=torch.float32, device="cpu"):
+        super().__init__()
+        kw = {"dtype": dtype, "device": device, "bias": False}
+        self.gate_proj = torch.nn.Linear(d, h, **kw) if gated else None
+        self.up_proj = torch.nn.Linear(d, h, **kw)
+        self.down_proj = torch.nn.Linear(h, d, **kw)
+
+    def hidden(self, x):
+        if self.gate_proj is None:
+            return torch.relu(self.up_proj(x))
+        return torch.relu(self.gate_proj(x)) * self.up_proj(x)
+
+    def forward(self, x):
+        h = self.hidden(x)
+        return self.down_proj(h), h.float().abs().sum(-1).mean()
+
+
+def _weights(dense):
+    g = dense.gate_proj.weight if dense.gate_proj is not None else None
+    return g, dense.up_proj.weight, dense.down_proj.weight
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)])
+@pytest.mark.parametrize("shape", [(37,), (3, 5), (2, 3, 4)])
+def test_forward_and_gradients_match_dense(device, gated, dtype, tol, shape):
+    torch.manual_seed(len(shape) * 10 + gated)
+    d, h = 29, 101  # off every tile multiple
+    dense = DenseMLP(d, h, gated, dtype, device)
+    x = torch.randn(*shape, d, dtype=dtype, device=device, requires_grad=True)
+    y, l1 = sparse_ffn(x, *_weights(dense))
+    assert y.shape == x.shape and y.dtype == dtype and l1.dtype == torch.float32 and l1.dim() == 0
+    yr, l1r = dense(x)
+    assert _rel(y, yr) < tol
+    assert abs(l1.item() - l1r.item()) <= tol * max(1.0, abs(l1r.item()))
+
+    dy = torch.randn_like(y)
+    coeff = 0.3
+    (y * dy).sum().add(coeff * l1).backward()
+    grads = [t.grad.clone() for t in (x,) + tuple(p for p in _weights(dense) if p is not None)]
+    for t in (x,) + tuple(p for p in _weights(dense) if p is not None):
+        t.grad = None
+    yr, l1r = dense(x)
+    (yr * dy).sum().add(coeff * l1r).backward()
+    for got, t in zip(grads, (x,) + tuple(p for p in _weights(dense) if p is not None)):
+        assert got.shape == t.grad.shape and got.dtype == t.grad.dtype
+        assert _rel(got, t.grad) < 5 * tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_l1_gradient_alone(device):
+    torch.manual_seed(1)
+    dense = DenseMLP(16, 48, True, device=device)
+    x = torch.randn(7, 16, device=device, requires_grad=True)
+    _, l1 = sparse_ffn(x, *_weights(dense))
+    l1.backward()
+    g = x.grad.clone()
+    x.grad = None
+    dense(x)[1].backward()
+    assert g.abs().max() > 0
+    assert _rel(g, x.grad) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_tokens(device):
+    dense = DenseMLP(8, 24, True, device=device)
+    x = torch.zeros(0, 8, device=device, requires_grad=True)
+    y, l1 = sparse_ffn(x, *_weights(dense))
+    assert y.shape == (0, 8) and l1.item() == 0.0
+    y.sum().backward()
+    assert x.grad.shape == (0, 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_from_dense_state_dict_and_stats(device):
+    torch.manual_seed(2)
+    dense = DenseMLP(24, 72, True, device=device)
+    mlp = SparseMLP.from_dense(dense)
+    x = torch.randn(4, 6, 24, device=device)
+    with torch.no_grad():
+        assert _rel(mlp(x), dense(x)[0]) < 1e-5
+    s = mlp.stats()
+    assert s["tokens"] == 24 and 0 < s["mean_active"] <= 72 and s["max_active"] >= s["mean_active"]
+    assert s["overflow_rows"] >= 0
+    # a LLaMA-style MLP's state_dict loads as it is, and back
+    other = SparseMLP(24, 72, device=device)
+    other.load_state_dict(dense.state_dict())
+    assert set(other.state_dict()) == {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}
+    with torch.no_grad():
+        assert torch.equal(other(x), mlp(x))
+    twin = DenseMLP(24, 72, True, device=device)
+    twin.load_state_dict(other.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(_weights(twin), _weights(dense)))
+    plain = SparseMLP(24, 72, gated=False, device=device)
+    assert plain(x).shape == x.shape and plain.l1.dim() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weights_followed_after_optimizer_step(device):
+    torch.manual_seed(3)
+    mlp = SparseMLP(16, 40, device=device)
+    dense = DenseMLP(16, 40, True, device=device)
+    dense.load_state_dict(mlp.state_dict())
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
+    x = torch.randn(9, 16, device=device)
+    for _ in range(2):
+        opt.zero_grad()
+        (mlp(x).square().mean() + 0.01 * mlp.l1).backward()
+        opt.step()
+    with torch.no_grad():
+        dense.load_state_dict(mlp.state_dict())
+        assert _rel(mlp(x), dense(x)[0]) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    torch.manual_seed(4)
+    mlp = SparseMLP(16, 40, device=device)
+    dense = DenseMLP(16, 40, True, device=device)
+    dense.load_state_dict(mlp.state_dict())
+
+    def step(x):
+        y = mlp(x)
+        return y.square().mean() + 1e-2 * mlp.l1
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 5, 16, device=device, requires_grad=True)
+    loss = compiled(x)
+    loss.backward()
+    ref = dense(x)[0].square().mean() + 1e-2 * dense(x)[1]
+    assert abs(loss.item() - ref.item()) < 1e-5 * max(1.0, abs(ref.item()))
+    gx = x.grad.clone()
+    x.grad = None
+    ref.backward()
+    assert _rel(gx, x.grad) < 1e-4
+
+
+def test_bad_inputs_raise_value_error():
+    w = torch.randn(12, 8)
+    wd = torch.randn(8, 12)
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="dtype"):
+        sparse_ffn(x.double(), None, w.double(), wd.double())
+    with pytest.raises(ValueError, match="one dtype"):
+        sparse_ffn(x.half(), None, w, wd)
+    with pytest.raises(ValueError, match="D ="):
+        sparse_ffn(torch.randn(3, 9), None, w, wd)
+    with pytest.raises(ValueError, match="w_down"):
+        sparse_ffn(x, None, w, wd.T.contiguous())
+    with pytest.raises(ValueError, match="w_gate"):
+        sparse_ffn(x, torch.randn(11, 8), w, wd)
+    with pytest.raises(ValueError):
+        SparseMLP.from_dense(torch.nn.Module())
+
+
+def test_c_library_message_reaches_python():
+    # a bad descriptor made through the C API: its status and its own message become the error
+    import ctypes
+
+    from twblas import _lib as C
+
+    d = ctypes.c_void_p()
+    with pytest.raises(ValueError, match="TW_STATUS_INVALID_VALUE: .+"):
+        C.check(C.lib().twCreateDnMat(ctypes.byref(d), -1, 2, 2, None, C.R_32F, C.ORDER_ROW), None, "twCreateDnMat")

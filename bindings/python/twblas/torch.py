@@ -1,0 +1,365 @@
+"""twblas inside PyTorch: the sparse FFN as a custom op (autograd, torch.compile) and a module.
+
+    y, l1 = sparse_ffn(x, w_gate, w_up, w_down)
+    mlp = SparseMLP(d_model, d_ff, gated=True)
+
+Weights use nn.Linear's layouts: w_gate, w_up (H, D) (gate_proj.weight, up_proj.weight), w_down
+(D, H) (down_proj.weight). x is (..., D), in the weights' dtype (fp32, fp16 or bf16), on the CPU
+or a CUDA device; y has x's shape and dtype. l1 is a 0-dim fp32 tensor: the mean over tokens of
+sum_j |h_tj|, the paper's regulariser (the caller adds coefficient * l1 to its loss; its gradient
+becomes the C API's l1Coeff).
+
+How it runs: one twblas handle per device and thread, on torch's current CUDA stream; workspaces
+and the saved state come from torch's allocator. The C library keeps a packed copy of the weights
+(an FFN descriptor) per weight set and thread; it is refreshed (twFfnUpdateWeights) when a weight
+tensor's version changes, so an optimizer step needs nothing from the user.
+Costs to know: l1 and the statistics are read with twFfnGetStats, and the l1 gradient is read
+as a float, each a stream synchronisation on CUDA.
+"""
+
+import ctypes
+import threading
+import weakref
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib as C
+
+__all__ = ["sparse_ffn", "SparseMLP"]
+
+_DTYPES = {torch.float32: C.R_32F, torch.float16: C.R_16F, torch.bfloat16: C.R_16BF}
+
+# ---------------------------------------------------------------------------------------------
+# handles and descriptors (C objects owned by Python objects)
+
+
+class _Handle:
+    """A twblas handle for one device, used by one thread (the C API's rule)."""
+
+    def __init__(self, device: torch.device):
+        self.ptr = ctypes.c_void_p()
+        self.device = device
+        backend = C.BACKEND_CUDA if device.type == "cuda" else C.BACKEND_CPU
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                C.check(C.lib().twCreateWithBackend(ctypes.byref(self.ptr), backend), None, "twCreateWithBackend")
+        elif device.type == "cpu":
+            C.check(C.lib().twCreateWithBackend(ctypes.byref(self.ptr), backend), None, "twCreateWithBackend")
+        else:
+            raise ValueError(f"twblas: tensors on {device} are not supported (CPU or CUDA)")
+
+    def on_current_stream(self):
+        if self.device.type == "cuda":
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            C.check(C.lib().twSetStream(self.ptr, ctypes.c_void_p(stream)), self.ptr, "twSetStream")
+        return self.ptr
+
+    def __del__(self):
+        if self.ptr:
+            C.lib().twDestroy(self.ptr)
+
+
+class _DnMat:
+    """A dense descriptor over a tensor's memory (kept alive while the descriptor is)."""
+
+    def __init__(self, t: Tensor, rows: int, cols: int, ld: int, order: int):
+        self.tensor = t
+        self.ptr = ctypes.c_void_p()
+        data = ctypes.c_void_p(t.data_ptr() if t.numel() > 0 else None)
+        C.check(C.lib().twCreateDnMat(ctypes.byref(self.ptr), rows, cols, ld, data, _DTYPES[t.dtype], order),
+                None, "twCreateDnMat")
+
+    @staticmethod
+    def rows_of(t: Tensor) -> "_DnMat":
+        """A row-major (M, N) tensor with unit column stride."""
+        return _DnMat(t, t.shape[0], t.shape[1], max(1, t.stride(0)) if t.shape[0] > 0 else max(1, t.shape[1]),
+                      C.ORDER_ROW)
+
+    @staticmethod
+    def down_of(t: Tensor) -> "_DnMat":
+        """nn.Linear's down_proj.weight (D, H) row-major: the C API's H x D column-major Wd."""
+        d, h = t.shape
+        return _DnMat(t, h, d, max(1, t.stride(0)), C.ORDER_COL)
+
+    def __del__(self):
+        if self.ptr:
+            C.lib().twDestroyDnMat(self.ptr)
+
+
+class _Ffn:
+    """The C library's FFN descriptor for one weight set on one device and thread."""
+
+    def __init__(self, handle: _Handle, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor):
+        self.refs = [weakref.ref(w) if w is not None else None for w in (w_gate, w_up, w_down)]
+        self.versions = self._versions(w_gate, w_up, w_down)
+        self.gated = w_gate is not None
+        self.descr = [_DnMat.rows_of(w_gate) if self.gated else None, _DnMat.rows_of(w_up), _DnMat.down_of(w_down)]
+        self.ptr = ctypes.c_void_p()
+        kind = C.FFN_GATED_RELU if self.gated else C.FFN_RELU
+        h = handle.on_current_stream()
+        C.check(C.lib().twCreateFfn(h, ctypes.byref(self.ptr), kind, self._p(0), self._p(1), self._p(2)), h,
+                "twCreateFfn")
+        self.stats = C.FfnStats()
+
+    def _p(self, i):
+        return self.descr[i].ptr if self.descr[i] is not None else None
+
+    @staticmethod
+    def _versions(*ws):
+        return tuple(w._version if w is not None else -1 for w in ws)
+
+    def matches(self, ws) -> bool:
+        return all((r is None and w is None) or (r is not None and r() is w) for r, w in zip(self.refs, ws))
+
+    def sync_weights(self, handle: _Handle, ws):
+        """Re-reads the weights when a tensor changed in place since the last call."""
+        v = self._versions(*ws)
+        if v != self.versions:
+            h = handle.on_current_stream()
+            C.check(C.lib().twFfnUpdateWeights(h, self.ptr, self._p(0), self._p(1), self._p(2)), h,
+                    "twFfnUpdateWeights")
+            self.versions = v
+
+    def read_stats(self, handle: _Handle) -> C.FfnStats:
+        h = handle.on_current_stream()
+        C.check(C.lib().twFfnGetStats(h, self.ptr, ctypes.byref(self.stats)), h, "twFfnGetStats")
+        return self.stats
+
+    def __del__(self):
+        if self.ptr:
+            C.lib().twDestroyFfn(self.ptr)
+
+
+class _ThreadState(threading.local):
+    def __init__(self):
+        self.handles = {}  # device -> _Handle
+        self.ffns = {}  # (device, weight identities) -> _Ffn
+
+
+_state = _ThreadState()
+_MAX_FFNS = 64  # FFN descriptors kept per thread (each holds a packed copy of its weights)
+
+
+def _handle(device: torch.device) -> _Handle:
+    key = (device.type, device.index if device.type == "cuda" else None)
+    h = _state.handles.get(key)
+    if h is None:
+        h = _state.handles[key] = _Handle(torch.device(device.type, key[1]) if key[1] is not None else device)
+    return h
+
+
+def _ffn(handle: _Handle, ws) -> _Ffn:
+    key = (str(handle.device),) + tuple(
+        (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype) if w is not None else None for w in ws)
+    f = _state.ffns.get(key)
+    if f is not None and not f.matches(ws):
+        f = None  # the memory of freed weights, reused by other tensors
+    if f is None:
+        if len(_state.ffns) >= _MAX_FFNS:
+            _state.ffns.pop(next(iter(_state.ffns)))
+        f = _state.ffns[key] = _Ffn(handle, *ws)
+    else:
+        f.sync_weights(handle, ws)
+    return f
+
+
+def _workspace(nbytes: int, device) -> Tensor:
+    # torch's allocators align to 256 bytes on CUDA and 64 on the CPU (the C API needs 256 / 16)
+    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+
+
+# ---------------------------------------------------------------------------------------------
+# checks (ValueError before anything reaches the C library where Python can tell)
+
+
+def _check_inputs(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor):
+    for name, t in (("x", x), ("w_up", w_up), ("w_down", w_down)) + ((("w_gate", w_gate),) if w_gate is not None else ()):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"twblas: {name} must be a tensor")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"twblas: {name} has dtype {t.dtype}; float32, float16 or bfloat16 expected")
+        if t.device != x.device:
+            raise ValueError(f"twblas: {name} is on {t.device}, x on {x.device}: all on one device")
+        if t.dtype != x.dtype:
+            raise ValueError(f"twblas: {name} has dtype {t.dtype}, x {x.dtype}: one dtype for all")
+    if x.dim() < 1:
+        raise ValueError("twblas: x must have shape (..., D)")
+    if w_up.dim() != 2 or w_down.dim() != 2:
+        raise ValueError("twblas: w_up must be (H, D) and w_down (D, H)")
+    h, d = w_up.shape
+    if x.shape[-1] != d:
+        raise ValueError(f"twblas: x has D = {x.shape[-1]}, w_up is (H, D) = {tuple(w_up.shape)}")
+    if tuple(w_down.shape) != (d, h):
+        raise ValueError(f"twblas: w_down must be (D, H) = {(d, h)}, got {tuple(w_down.shape)}")
+    if w_gate is not None and tuple(w_gate.shape) != (h, d):
+        raise ValueError(f"twblas: w_gate must be (H, D) = {(h, d)}, got {tuple(w_gate.shape)}")
+
+
+def _weights(w_gate, w_up, w_down):
+    # the C API reads rows with unit stride; nn.Linear weights are contiguous already
+    return tuple(w.contiguous() if w is not None else None for w in (w_gate, w_up, w_down))
+
+
+# ---------------------------------------------------------------------------------------------
+# the custom ops
+
+
+@torch.library.custom_op("twblas::ffn_forward", mutates_args=())
+def _ffn_forward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
+                 training: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(y, l1, saved): saved is the C API's saved state (bytes) when `training`, else empty."""
+    handle = _handle(x.device)
+    ws = _weights(w_gate, w_up, w_down)
+    ffn = _ffn(handle, ws)
+    m = x.shape[0]
+    y = torch.empty_like(x)
+    saved = torch.empty(0, dtype=torch.uint8, device=x.device)
+    if m == 0:
+        return y, torch.zeros((), dtype=torch.float32, device=x.device), saved
+    h = handle.on_current_stream()
+    xd, yd = _DnMat.rows_of(x), _DnMat.rows_of(y)
+    nbytes = ctypes.c_size_t()
+    C.check(C.lib().twSpGEMMFused_bufferSize(h, ffn.ptr, xd.ptr, yd.ptr, ctypes.byref(nbytes)), h,
+            "twSpGEMMFused_bufferSize")
+    work = _workspace(nbytes.value, x.device)
+    if training:
+        sbytes = ctypes.c_size_t()
+        C.check(C.lib().twSpGEMMFusedSaved_bufferSize(h, ffn.ptr, m, ctypes.byref(sbytes)), h,
+                "twSpGEMMFusedSaved_bufferSize")
+        saved = _workspace(sbytes.value, x.device)
+        C.check(C.lib().twSpGEMMFusedForwardTrain(h, ffn.ptr, xd.ptr, yd.ptr, ctypes.c_void_p(saved.data_ptr()),
+                                                  ctypes.c_void_p(work.data_ptr())), h, "twSpGEMMFusedForwardTrain")
+    else:
+        C.check(C.lib().twSpGEMMFused(h, ffn.ptr, xd.ptr, yd.ptr, None, ctypes.c_void_p(work.data_ptr())), h,
+                "twSpGEMMFused")
+    stats = ffn.read_stats(handle)
+    l1 = torch.tensor(stats.l1, dtype=torch.float32, device=x.device)
+    return y, l1, saved
+
+
+@_ffn_forward.register_fake
+def _(x, w_gate, w_up, w_down, training):
+    saved_len = torch.library.get_ctx().new_dynamic_size() if training else 0
+    return (torch.empty_like(x), x.new_empty((), dtype=torch.float32),
+            x.new_empty(saved_len, dtype=torch.uint8))
+
+
+@torch.library.custom_op("twblas::ffn_backward", mutates_args=())
+def _ffn_backward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, saved: Tensor, dy: Tensor,
+                  dl1: Tensor) -> List[Tensor]:
+    """[dx, dw_up, dw_down, dw_gate (empty for a plain FFN)]; dl1, l1's incoming gradient, is the
+    C API's l1Coeff (read as a float: a synchronisation on CUDA)."""
+    if saved.numel() == 0 and x.shape[0] > 0:
+        raise RuntimeError("twblas: the forward ran without gradients enabled: no saved state to differentiate")
+    l1_coeff = float(dl1)
+    handle = _handle(x.device)
+    ws = _weights(w_gate, w_up, w_down)
+    ffn = _ffn(handle, ws)
+    dy = dy.contiguous()
+    dx = torch.empty_like(x)
+    dwu, dwd = torch.empty_like(w_up), torch.empty_like(w_down)
+    dwg = torch.empty_like(w_gate) if w_gate is not None else torch.empty(0, dtype=x.dtype, device=x.device)
+    h = handle.on_current_stream()
+    m = x.shape[0]
+    nbytes = ctypes.c_size_t()
+    C.check(C.lib().twSpGEMMFusedBackward_bufferSize(h, ffn.ptr, m, ctypes.byref(nbytes)), h,
+            "twSpGEMMFusedBackward_bufferSize")
+    work = _workspace(nbytes.value, x.device)
+    xd, dyd, dxd = _DnMat.rows_of(x), _DnMat.rows_of(dy), _DnMat.rows_of(dx)
+    dwgd = _DnMat.rows_of(dwg) if w_gate is not None else None
+    dwud, dwdd = _DnMat.rows_of(dwu), _DnMat.down_of(dwd)
+    C.check(C.lib().twSpGEMMFusedBackward(h, ffn.ptr, xd.ptr, ctypes.c_void_p(saved.data_ptr() if m else None),
+                                          dyd.ptr, float(l1_coeff), dxd.ptr, dwgd.ptr if dwgd else None, dwud.ptr,
+                                          dwdd.ptr, ctypes.c_void_p(work.data_ptr())), h, "twSpGEMMFusedBackward")
+    return [dx, dwu, dwd, dwg]
+
+
+@_ffn_backward.register_fake
+def _(x, w_gate, w_up, w_down, saved, dy, dl1):
+    dwg = torch.empty_like(w_gate) if w_gate is not None else x.new_empty(0)
+    return [torch.empty_like(x), torch.empty_like(w_up), torch.empty_like(w_down), dwg]
+
+
+def _setup_context(ctx, inputs, output):
+    x, w_gate, w_up, w_down, training = inputs
+    _, _, saved = output
+    ctx.gated = w_gate is not None
+    ctx.save_for_backward(x, w_gate, w_up, w_down, saved)
+
+
+def _backward(ctx, dy, dl1, dsaved):
+    x, w_gate, w_up, w_down, saved = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros_like(x)
+    if dl1 is None:
+        dl1 = x.new_zeros((), dtype=torch.float32)
+    dx, dwu, dwd, dwg = _ffn_backward(x, w_gate, w_up, w_down, saved, dy, dl1)
+    return dx, (dwg if ctx.gated else None), dwu, dwd, None
+
+
+torch.library.register_autograd("twblas::ffn_forward", _backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# the public interface
+
+
+def sparse_ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor) -> Tuple[Tensor, Tensor]:
+    """y = (ReLU(x w_gate^T) * (x w_up^T)) w_down^T, or ReLU(x w_up^T) w_down^T with w_gate None;
+    and l1 = mean over tokens of sum_j |h_tj|. Differentiable in x, every weight and through l1."""
+    _check_inputs(x, w_gate, w_up, w_down)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous()
+    training = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down))
+    y, l1, _ = _ffn_forward(x2, w_gate, w_up, w_down, training)
+    return y.reshape(shape), l1
+
+
+class SparseMLP(torch.nn.Module):
+    """A LLaMA-style MLP (gate_proj, up_proj, down_proj without bias) on twblas's sparse FFN.
+
+    forward(x) -> y; the last forward's l1 is `.l1`; `.stats()` gives the last forward's tokens,
+    mean_active, max_active and overflow_rows. A LLaMA MLP's state_dict loads as it is."""
+
+    def __init__(self, d_model: int, d_ff: int, gated: bool = True, device=None, dtype=None):
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.gated = gated
+        self.gate_proj = torch.nn.Linear(d_model, d_ff, bias=False, **kw) if gated else None
+        self.up_proj = torch.nn.Linear(d_model, d_ff, bias=False, **kw)
+        self.down_proj = torch.nn.Linear(d_ff, d_model, bias=False, **kw)
+        self.l1 = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y, l1 = sparse_ffn(x, self.gate_proj.weight if self.gated else None, self.up_proj.weight,
+                           self.down_proj.weight)
+        self.l1 = l1
+        return y
+
+    def stats(self) -> dict:
+        ws = _weights(self.gate_proj.weight if self.gated else None, self.up_proj.weight, self.down_proj.weight)
+        handle = _handle(self.up_proj.weight.device)
+        s = _ffn(handle, ws).read_stats(handle)
+        return {"tokens": int(s.tokens), "mean_active": float(s.meanRowNnz), "max_active": int(s.maxRowNnz),
+                "overflow_rows": int(s.overflowRows)}
+
+    @classmethod
+    def from_dense(cls, module: torch.nn.Module) -> "SparseMLP":
+        """A SparseMLP with the weights of any module that has up_proj and down_proj (nn.Linear,
+        no bias) and, for the gated form, gate_proj."""
+        up, down = getattr(module, "up_proj", None), getattr(module, "down_proj", None)
+        gate = getattr(module, "gate_proj", None)
+        for name, lin in (("up_proj", up), ("down_proj", down)) + ((("gate_proj", gate),) if gate is not None else ()):
+            if not isinstance(lin, torch.nn.Linear) or lin.bias is not None:
+                raise ValueError(f"twblas: {name} must be an nn.Linear without bias")
+        w = up.weight
+        out = cls(up.in_features, up.out_features, gated=gate is not None, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            out.up_proj.weight.copy_(up.weight)
+            out.down_proj.weight.copy_(down.weight)
+            if gate is not None:
+                out.gate_proj.weight.copy_(gate.weight)
+        return out
