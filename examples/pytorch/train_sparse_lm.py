@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""A small LLaMA-style language model whose FFNs are twblas SparseMLPs, trained beside a dense twin.
+
+Both models start from the same seed and see the same batches. The sparse one adds the paper's
+L1 term (coefficient * mean over tokens of sum_j |h_tj|, per layer). The script logs per step:
+loss, each layer's mean active units (from SparseMLP.stats()), FFN time (forward + backward of
+the MLP blocks), and tokens/s. It writes the log as JSON and plots it.
+
+Text: the King James Bible from Debian's bible-kjv packages (apt-get install bible-kjv), dumped
+once with `bible "Gen1:1-Rev22:21" > kjv.txt` (the script does this itself when the `bible`
+program is there); nothing is downloaded. On a machine without it, pass --text with the dumped
+file that came along with the code. Bytes are the tokens (vocabulary 256).
+
+    python3 examples/pytorch/train_sparse_lm.py --device cuda --steps 300 --out runs/h100
+    python3 examples/pytorch/train_sparse_lm.py --device cpu --steps 20 --d-model 128 --layers 2 \
+        --seq 64 --batch 8 --out runs/cpu-smoke          (a quick check of the script itself)
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+
+import torch
+import torch.nn.functional as F
+
+from twblas.torch import SparseMLP
+
+
+def load_text(path):
+    if path and os.path.exists(path):
+        with open(path, "rb") as f:
+            return f.read()
+    if shutil.which("bible"):
+        data = subprocess.run(["bible", "Gen1:1-Rev22:21"], check=True, capture_output=True).stdout
+        if path:
+            with open(path, "wb") as f:
+                f.write(data)
+        return data
+    raise SystemExit("no text: apt-get install bible-kjv, or pass --text with a dumped kjv.txt")
+
+
+class DenseMLP(torch.nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(d, h, bias=False)
+        self.up_proj = torch.nn.Linear(d, h, bias=False)
+        self.down_proj = torch.nn.Linear(h, d, bias=False)
+        self.l1 = None
+
+    def forward(self, x):
+        h = F.relu(self.gate_proj(x)) * self.up_proj(x)
+        self.l1 = h.float().abs().sum(-1).mean()
+        return self.down_proj(h)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, heads, mlp):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = torch.nn.RMSNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d, bias=False)
+        self.proj = torch.nn.Linear(d, d, bias=False)
+        self.norm2 = torch.nn.RMSNorm(d)
+        self.mlp = mlp
+
+    def forward(self, x, timer):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + timer(self.mlp, self.norm2(x))
+
+
+class LM(torch.nn.Module):
+    def __init__(self, d, layers, heads, d_ff, seq, sparse):
+        super().__init__()
+        self.emb = torch.nn.Embedding(256, d)
+        self.pos = torch.nn.Parameter(torch.randn(seq, d) * 0.02)
+        self.blocks = torch.nn.ModuleList(
+            Block(d, heads, SparseMLP(d, d_ff, gated=True) if sparse else DenseMLP(d, d_ff)) for _ in range(layers))
+        self.norm = torch.nn.RMSNorm(d)
+        self.head = torch.nn.Linear(d, 256, bias=False)
+
+    def forward(self, idx, timer):
+        x = self.emb(idx) + self.pos[: idx.shape[1]]
+        for blk in self.blocks:
+            x = blk(x, timer)
+        return self.head(self.norm(x))
+
+
+class FfnTimer:
+    """Times the MLP blocks' forward and backward (CUDA events on a GPU, wall clock on the CPU)."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.spans = []
+
+    def _mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def __call__(self, mlp, x):
+        timer = self
+
+        class Span(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t.view_as(t)
+
+            @staticmethod
+            def backward(ctx, g):
+                timer.spans.append(("bwd_end", timer._mark()))
+                return g
+
+        class Start(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t.view_as(t)
+
+            @staticmethod
+            def backward(ctx, g):
+                timer.spans.append(("bwd_start", timer._mark()))
+                return g
+
+        x = Span.apply(x)  # its backward runs after the MLP's: the end of the MLP backward
+        self.spans.append(("fwd_start", self._mark()))
+        y = mlp(x)
+        self.spans.append(("fwd_end", self._mark()))
+        return Start.apply(y)  # its backward runs before the MLP's
+
+    def total_ms(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+        total, open_ = 0.0, {}
+        for name, mark in self.spans:
+            kind, edge = name.split("_")
+            if edge == "start":
+                open_[kind] = mark
+            elif kind in open_:
+                s = open_.pop(kind)
+                total += s.elapsed_time(mark) if self.cuda else 1e3 * (mark - s)
+        self.spans = []
+        return total
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--d-ff", type=int, default=0, help="default 4 x d_model")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--l1", type=float, default=2e-5, help="the paper's L1 coefficient")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--text", default="", help="a dumped kjv.txt (written there when missing and `bible` exists)")
+    ap.add_argument("--out", default="runs/train-sparse-lm")
+    args = ap.parse_args()
+
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    d_ff = args.d_ff or 4 * args.d_model
+    data = torch.tensor(list(load_text(args.text)), dtype=torch.long)
+    split = int(0.95 * len(data))
+    train, val = data[:split], data[split:]
+    os.makedirs(args.out, exist_ok=True)
+
+    models, opts = {}, {}
+    for name in ("sparse", "dense"):
+        torch.manual_seed(args.seed)  # the same initial weights for both
+        m = LM(args.d_model, args.layers, args.heads, d_ff, args.seq, sparse=(name == "sparse")).to(device, dtype)
+        models[name] = m
+        opts[name] = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.0)
+    timer = FfnTimer(device)
+    gen = torch.Generator().manual_seed(args.seed)
+
+    def batch(src):
+        i = torch.randint(0, len(src) - args.seq - 1, (args.batch,), generator=gen)
+        x = torch.stack([src[j: j + args.seq] for j in i.tolist()])
+        y = torch.stack([src[j + 1: j + 1 + args.seq] for j in i.tolist()])
+        return x.to(device), y.to(device)
+
+    log = {"args": vars(args), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "steps": []}
+    for step in range(1, args.steps + 1):
+        x, y = batch(train)
+        rec = {"step": step}
+        for name, m in models.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opts[name].zero_grad(set_to_none=True)
+            logits = m(x, timer)
+            ce = F.cross_entropy(logits.float().view(-1, 256), y.view(-1))
+            l1 = sum(blk.mlp.l1 for blk in m.blocks)
+            loss = ce + args.l1 * l1 if name == "sparse" else ce
+            loss.backward()
+            opts[name].step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            rec[name] = {"loss": ce.item(), "l1": float(l1.detach()), "ffn_ms": timer.total_ms(), "step_ms": 1e3 * dt,
+                         "tokens_per_s": args.batch * args.seq / dt}
+            if name == "sparse":
+                rec[name]["mean_active"] = [blk.mlp.stats()["mean_active"] for blk in m.blocks]
+        log["steps"].append(rec)
+        if step % 10 == 0 or step == 1 or step == args.steps:
+            s, d = rec["sparse"], rec["dense"]
+            act = " ".join(f"{a:.0f}" for a in s["mean_active"])
+            print(f"step {step:5d}  loss sparse {s['loss']:.3f} dense {d['loss']:.3f}  active/layer [{act}] of {d_ff}"
+                  f"  ffn ms {s['ffn_ms']:.1f} vs {d['ffn_ms']:.1f}  tok/s {s['tokens_per_s']:.0f} vs {d['tokens_per_s']:.0f}",
+                  flush=True)
+    with torch.no_grad():
+        xv, yv = batch(val)
+        log["val_loss"] = {n: F.cross_entropy(m(xv, timer).float().view(-1, 256), yv.view(-1)).item()
+                           for n, m in models.items()}
+        timer.spans = []
+    with open(os.path.join(args.out, "log.json"), "w") as f:
+        json.dump(log, f, indent=1)
+    plot(log, d_ff, os.path.join(args.out, "train.png"))
+    print("validation loss:", log["val_loss"], "->", args.out)
+
+
+def plot(log, d_ff, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    steps = [r["step"] for r in log["steps"]]
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    for n in ("sparse", "dense"):
+        ax[0].plot(steps, [r[n]["loss"] for r in log["steps"]], label=n)
+        ax[2].plot(steps, [r[n]["ffn_ms"] for r in log["steps"]], label=n)
+    layers = len(log["steps"][0]["sparse"]["mean_active"])
+    for i in range(layers):
+        ax[1].plot(steps, [r["sparse"]["mean_active"][i] for r in log["steps"]], label=f"layer {i}")
+    ax[0].set(title="training loss (cross entropy)", xlabel="step")
+    ax[1].set(title=f"mean active units per token (of {d_ff})", xlabel="step", yscale="log")
+    ax[2].set(title="FFN forward + backward per step (ms)", xlabel="step")
+    for a in ax:
+        a.legend()
+    fig.suptitle(f"twblas SparseMLP vs dense twin, {log['device_name']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
