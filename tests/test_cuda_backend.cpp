@@ -5,6 +5,8 @@
 // program is skipped (cuda_test_main.cpp).
 #include <cuda_runtime.h>
 
+#include <thread>
+
 #include "cuda_test_support.hpp"
 #include "forward_support.hpp"
 #include "test_support.hpp"
@@ -259,4 +261,112 @@ TEST_CASE("CUDA backend: host memory in a descriptor is INVALID_VALUE naming the
     twDestroyFfn(ffn);
     twDestroyDnMat(Xh);
     twDestroyDnMat(Wgh);
+}
+
+namespace {
+
+/// One thread's work on one GPU, with nothing shared: its own handle, device buffers, FFN and
+/// workspace; `repeats` forwards, then Y's bits. No Catch2 macro here (they are not
+/// thread-safe): the first failure is returned as text, checked after the join.
+struct GpuForward {
+    std::string error;
+    std::vector<uint32_t> y_bits;
+};
+
+GpuForward forward_on_gpu(int device, const FfnCase &c, const Dense &x, const Dense *wg, const Dense &wu,
+                          const Dense &wd, int repeats) {
+    GpuForward out;
+    std::vector<void *> mem;
+    twHandle_t h = nullptr;
+    std::vector<twDnMatDescr_t> descr;
+    twFfnDescr_t ffn = nullptr;
+    auto cuda = [&](cudaError_t e, const char *what) {
+        if (e != cudaSuccess && out.error.empty()) out.error = std::string(what) + ": " + cudaGetErrorString(e);
+        return e == cudaSuccess;
+    };
+    auto tw = [&](twStatus_t s, const char *what) {
+        if (s != TW_STATUS_SUCCESS && out.error.empty())
+            out.error = std::string(what) + ": " + twGetStatusName(s) + " " + twGetErrorMessage(h);
+        return s == TW_STATUS_SUCCESS;
+    };
+    auto upload = [&](const Dense &m) -> twDnMatDescr_t {
+        void *p = nullptr;
+        const size_t bytes = m.storage.size() * 4;
+        if (!cuda(cudaMalloc(&p, bytes), "cudaMalloc")) return nullptr;
+        mem.push_back(p);
+        if (!cuda(cudaMemcpy(p, m.storage.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy")) return nullptr;
+        twDnMatDescr_t d = nullptr;
+        if (!tw(twCreateDnMat(&d, m.rows, m.cols, m.ld, p, m.type, m.order), "twCreateDnMat")) return nullptr;
+        descr.push_back(d);
+        return d;
+    };
+    const size_t y_elems = static_cast<size_t>(c.m * c.d);
+    const size_t y_bytes = y_elems * (c.type == TW_R_32F ? 4 : 2);
+    void *y = nullptr, *ws = nullptr;
+    twDnMatDescr_t Y = nullptr;
+    size_t ws_bytes = 0;
+    if (cuda(cudaSetDevice(device), "cudaSetDevice") && tw(twCreateWithBackend(&h, TW_BACKEND_CUDA), "twCreate")) {
+        const twDnMatDescr_t X = upload(x), WU = upload(wu), WD = upload(wd), WG = wg ? upload(*wg) : nullptr;
+        if (out.error.empty() && cuda(cudaMalloc(&y, y_bytes), "cudaMalloc") &&
+            tw(twCreateDnMat(&Y, c.m, c.d, c.d, y, c.type, TW_ORDER_ROW), "twCreateDnMat") &&
+            tw(twCreateFfn(h, &ffn, c.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD), "twCreateFfn") &&
+            tw(twSpGEMMFused_bufferSize(h, ffn, X, Y, &ws_bytes), "twSpGEMMFused_bufferSize") &&
+            cuda(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 1)), "cudaMalloc")) {
+            for (int i = 0; i < repeats && out.error.empty(); ++i) tw(twSpGEMMFused(h, ffn, X, Y, nullptr, ws), "twSpGEMMFused");
+            std::vector<uint16_t> half(y_elems);
+            std::vector<uint32_t> full(y_elems);
+            if (out.error.empty() && cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize") &&
+                cuda(cudaMemcpy(c.type == TW_R_32F ? static_cast<void *>(full.data()) : half.data(), y, y_bytes,
+                                cudaMemcpyDeviceToHost),
+                     "cudaMemcpy")) {
+                for (size_t i = 0; i < y_elems; ++i) out.y_bits.push_back(c.type == TW_R_32F ? full[i] : half[i]);
+            }
+        }
+    }
+    twDestroyFfn(ffn);
+    twDestroyDnMat(Y);
+    for (twDnMatDescr_t d : descr) twDestroyDnMat(d);
+    twDestroy(h);
+    cudaFree(y);
+    cudaFree(ws);
+    for (void *p : mem) cudaFree(p);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("CUDA: threads on every GPU, each with its own handle and FFN, give the reference's bits", "[cuda][multi-gpu]") {
+    // small-integer data: every sum is exact, so each GPU must give the CPU reference's bits; two
+    // threads per GPU, so that threads also share a device (and one GPU is a valid machine)
+    int gpus = 0;
+    REQUIRE(cudaGetDeviceCount(&gpus) == cudaSuccess);
+    REQUIRE(gpus >= 1);
+    for (twDataType_t type : {TW_R_16BF, TW_R_32F}) {
+        FfnCase c;
+        c.integers = true;
+        c.type = type;
+        c.m = 257;
+        c.d = 72;
+        c.h = 300;
+        c.seed = 23;
+        const FfnData data = make_data(c);
+        const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
+        Dense x(c.m, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type);
+        x.fill(data.x);
+        wu.fill(data.wu);
+        wd.fill(data.wd);
+        Dense wg(c.h, c.d, c.type);
+        wg.fill(data.wg);
+        const int threads = 2 * gpus;
+        std::vector<GpuForward> got(static_cast<size_t>(threads));
+        std::vector<std::thread> pool;
+        for (int i = 0; i < threads; ++i)
+            pool.emplace_back([&, i] { got[static_cast<size_t>(i)] = forward_on_gpu(i % gpus, c, x, &wg, wu, wd, 3); });
+        for (std::thread &t : pool) t.join();
+        for (int i = 0; i < threads; ++i) {
+            INFO("type " << type << ", thread " << i << " on GPU " << i % gpus << " of " << gpus);
+            REQUIRE(got[static_cast<size_t>(i)].error.empty());
+            CHECK(got[static_cast<size_t>(i)].y_bits == cpu.y_bits);
+        }
+    }
 }
