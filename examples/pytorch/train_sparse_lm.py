@@ -14,6 +14,12 @@ file that came along with the code. Bytes are the tokens (vocabulary 256).
     python3 examples/pytorch/train_sparse_lm.py --device cuda --steps 300 --out runs/h100
     python3 examples/pytorch/train_sparse_lm.py --device cpu --steps 20 --d-model 128 --layers 2 \
         --seq 64 --batch 8 --out runs/cpu-smoke          (a quick check of the script itself)
+    torchrun --nproc_per_node=N examples/pytorch/train_sparse_lm.py --batch B ...
+
+Under torchrun (DDP, NCCL, one GPU per process) --batch is per process: every step draws the
+global batch of B x N sequences from one generator and each process takes its slice, so a run on N
+GPUs sees the same data as one GPU with --batch B x N; the logged loss is the mean over processes.
+Keep NVLink multicast off where it is (NCCL_NVLS_ENABLE=0).
 """
 
 import argparse
@@ -25,6 +31,7 @@ import subprocess
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from twblas.torch import SparseMLP
@@ -168,31 +175,54 @@ def main():
     ap.add_argument("--out", default="runs/train-sparse-lm")
     args = ap.parse_args()
 
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
     device = torch.device(args.device)
+    if world > 1:  # NCCL between GPUs, one per process; gloo on the CPU (a check of the script)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            device = torch.device("cuda", local)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     d_ff = args.d_ff or 4 * args.d_model
     data = torch.tensor(list(load_text(args.text)), dtype=torch.long)
     split = int(0.95 * len(data))
     train, val = data[:split], data[split:]
-    os.makedirs(args.out, exist_ok=True)
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
 
     models, opts = {}, {}
     for name in ("sparse", "dense"):
         torch.manual_seed(args.seed)  # the same initial weights for both
         m = LM(args.d_model, args.layers, args.heads, d_ff, args.seq, sparse=(name == "sparse")).to(device, dtype)
-        models[name] = m
         opts[name] = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.0)
+        if world > 1:
+            m = torch.nn.parallel.DistributedDataParallel(m, device_ids=[device.index] if device.type == "cuda" else None)
+        models[name] = m
     timer = FfnTimer(device)
     gen = torch.Generator().manual_seed(args.seed)
 
     def batch(src):
-        i = torch.randint(0, len(src) - args.seq - 1, (args.batch,), generator=gen)
+        # the global batch from one generator, this process's slice of it
+        i = torch.randint(0, len(src) - args.seq - 1, (args.batch * world,), generator=gen)
+        i = i[rank * args.batch: (rank + 1) * args.batch]
         x = torch.stack([src[j: j + args.seq] for j in i.tolist()])
         y = torch.stack([src[j + 1: j + 1 + args.seq] for j in i.tolist()])
         return x.to(device), y.to(device)
 
     log = {"args": vars(args), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "steps": []}
+           "processes": world, "steps": []}
+
+    def blocks(m):
+        return (m.module if world > 1 else m).blocks
+
+    def mean_over_processes(v):
+        if world == 1:
+            return v
+        t = torch.tensor([v], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.item() / world
     for step in range(1, args.steps + 1):
         x, y = batch(train)
         rec = {"step": step}
@@ -203,19 +233,19 @@ def main():
             opts[name].zero_grad(set_to_none=True)
             logits = m(x, timer)
             ce = F.cross_entropy(logits.float().view(-1, 256), y.view(-1))
-            l1 = sum(blk.mlp.l1 for blk in m.blocks)
+            l1 = sum(blk.mlp.l1 for blk in blocks(m))
             loss = ce + args.l1 * l1 if name == "sparse" else ce
             loss.backward()
             opts[name].step()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
-            rec[name] = {"loss": ce.item(), "l1": float(l1.detach()), "ffn_ms": timer.total_ms(), "step_ms": 1e3 * dt,
-                         "tokens_per_s": args.batch * args.seq / dt}
+            rec[name] = {"loss": mean_over_processes(ce.item()), "l1": float(l1.detach()), "ffn_ms": timer.total_ms(),
+                         "step_ms": 1e3 * dt, "tokens_per_s": world * args.batch * args.seq / dt}
             if name == "sparse":
-                rec[name]["mean_active"] = [blk.mlp.stats()["mean_active"] for blk in m.blocks]
+                rec[name]["mean_active"] = [blk.mlp.stats()["mean_active"] for blk in blocks(m)]
         log["steps"].append(rec)
-        if step % 10 == 0 or step == 1 or step == args.steps:
+        if rank == 0 and (step % 10 == 0 or step == 1 or step == args.steps):
             s, d = rec["sparse"], rec["dense"]
             act = " ".join(f"{a:.0f}" for a in s["mean_active"])
             print(f"step {step:5d}  loss sparse {s['loss']:.3f} dense {d['loss']:.3f}  active/layer [{act}] of {d_ff}"
@@ -223,9 +253,13 @@ def main():
                   flush=True)
     with torch.no_grad():
         xv, yv = batch(val)
-        log["val_loss"] = {n: F.cross_entropy(m(xv, timer).float().view(-1, 256), yv.view(-1)).item()
+        log["val_loss"] = {n: mean_over_processes(F.cross_entropy(m(xv, timer).float().view(-1, 256), yv.view(-1)).item())
                            for n, m in models.items()}
         timer.spans = []
+    if world > 1:
+        dist.destroy_process_group()
+    if rank != 0:
+        return
     with open(os.path.join(args.out, "log.json"), "w") as f:
         json.dump(log, f, indent=1)
     plot(log, d_ff, os.path.join(args.out, "train.png"))
