@@ -57,8 +57,11 @@ class _Handle:
         return self.ptr
 
     def __del__(self):
-        if self.ptr:
-            C.lib().twDestroy(self.ptr)
+        try:  # at interpreter exit the module's globals may already be gone: nothing to free then
+            if self.ptr:
+                C.lib().twDestroy(self.ptr)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 class _DnMat:
@@ -84,8 +87,11 @@ class _DnMat:
         return _DnMat(t, h, d, max(1, t.stride(0)), C.ORDER_COL)
 
     def __del__(self):
-        if self.ptr:
-            C.lib().twDestroyDnMat(self.ptr)
+        try:  # at interpreter exit the module's globals may already be gone: nothing to free then
+            if self.ptr:
+                C.lib().twDestroyDnMat(self.ptr)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 class _Ffn:
@@ -128,8 +134,11 @@ class _Ffn:
         return self.stats
 
     def __del__(self):
-        if self.ptr:
-            C.lib().twDestroyFfn(self.ptr)
+        try:  # at interpreter exit the module's globals may already be gone: nothing to free then
+            if self.ptr:
+                C.lib().twDestroyFfn(self.ptr)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 class _ThreadState(threading.local):
