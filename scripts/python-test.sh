@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The Python package's tests (bindings/python, pytest) on the CPU backend: installs torch and
-# pytest from PyPI when they are missing, builds the package (pip, scikit-build-core, CMake),
+# The Python package's tests (bindings/python, pytest) on the CPU backend: installs the library's
+# build dependencies (scripts/deps.sh) and torch and pytest from PyPI when they are missing, builds the package (pip, scikit-build-core, CMake),
 # then runs the tests from outside the tree so that the installed package is the one imported.
 #   scripts/python-test.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-python3}
+bash "$root/scripts/deps.sh"  # what libtwblas builds with (CMake, g++, Eigen)
 if ! "$py" -m pip --version >/dev/null 2>&1; then
   echo "== installing python3-pip (apt) =="
   apt-get update -q && apt-get install -y python3-pip
