@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package's tests (bindings/python, pytest) on the CPU backend: installs the library's
-# build dependencies (scripts/deps.sh) and torch and pytest from PyPI when they are missing, builds the package (pip, scikit-build-core, CMake),
-# then runs the tests from outside the tree so that the installed package is the one imported.
+# build dependencies (scripts/deps.sh) and torch and pytest from PyPI when they are missing, builds
+# the package (pip, scikit-build-core, CMake), then runs the tests from outside the tree so that the
+# installed package is the one imported.
 #   scripts/python-test.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
