@@ -3,7 +3,8 @@
 #
 #   run_consumer.sh <build dir> <install prefix> [<this directory> [<work dir> [<cmake> [<config>]]]]
 #
-# 1. cmake --install <build dir> --prefix <install prefix> (a fresh prefix each run);
+# 1. cmake --install <build dir> --prefix <install prefix> (a fresh prefix each run); with "-" as
+#    the build dir, the prefix is used as it is (e.g. Debian packages extracted there: scripts/package.sh);
 # 2. configures, builds and runs project/ (find_package(twblas), twblas::twblas, C only) with
 #    -DCMAKE_PREFIX_PATH=<install prefix>; then the same with twblas::twblas_static;
 # 3. cc consumer.c $(pkg-config --cflags --libs twblas) -Wl,-rpath,<libdir>, with
@@ -15,7 +16,8 @@ if [[ $# -lt 2 ]]; then
   echo "usage: $0 <build dir> <install prefix> [<consumer dir> [<work dir> [<cmake> [<config>]]]]" >&2
   exit 2
 fi
-build=$(cd "$1" && pwd)
+build=$1
+[[ $build == - ]] || build=$(cd "$1" && pwd)
 prefix=$2
 here=${3:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 work=${4:-${prefix%/}-work}
@@ -25,15 +27,22 @@ cc_cmd=${CC:-cc}
 
 step() { printf '\n== %s\n' "$*"; }
 
-rm -rf "$prefix" "$work"
-mkdir -p "$prefix" "$work"
-prefix=$(cd "$prefix" && pwd)
+if [[ $build == - ]]; then
+  rm -rf "$work"
+  mkdir -p "$work"
+  prefix=$(cd "$prefix" && pwd)
+  step "the prefix $prefix as it is"
+else
+  rm -rf "$prefix" "$work"
+  mkdir -p "$prefix" "$work"
+  prefix=$(cd "$prefix" && pwd)
 
-step "install $build into $prefix"
-install_args=(--install "$build" --prefix "$prefix")
-[[ -n $config ]] && install_args+=(--config "$config")
-"$cmake_cmd" "${install_args[@]}" > "$work/install.log" || { cat "$work/install.log"; exit 1; }
-echo "files installed: $(grep -c "Installing\|Up-to-date" "$work/install.log" || true)"
+  step "install $build into $prefix"
+  install_args=(--install "$build" --prefix "$prefix")
+  [[ -n $config ]] && install_args+=(--config "$config")
+  "$cmake_cmd" "${install_args[@]}" > "$work/install.log" || { cat "$work/install.log"; exit 1; }
+  echo "files installed: $(grep -c "Installing\|Up-to-date" "$work/install.log" || true)"
+fi
 
 step "CMake: find_package(twblas), twblas::twblas (a C-only project)"
 "$cmake_cmd" -S "$here/project" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$prefix" \
