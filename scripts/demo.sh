@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 build=${TWBLAS_BUILD_DIR:-build}
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTWBLAS_BUILD_TESTS=OFF -DTWBLAS_BUILD_EXAMPLES=ON >/dev/null
+mkdir -p "$build"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTWBLAS_BUILD_TESTS=OFF -DTWBLAS_BUILD_EXAMPLES=ON \
+  >"$build/configure.log" || { cat "$build/configure.log"; exit 1; }
+echo "twblas: building the library and the demo in $build"
 cmake --build "$build" -j"$(nproc)" --target twblas-demo
 exec "$build/tools/twblas-demo" "$@"

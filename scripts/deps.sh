@@ -2,9 +2,9 @@
 # Makes sure the Debian packages twblas builds with are installed: installs the missing ones when
 # run as root, otherwise prints the exact apt-get line and fails. Sourced by demo.sh and test.sh.
 #   deps.sh [--tests] [--fuzz]
-#     --tests  adds what the test suite and bench need: Catch2, gfortran, pkg-config, Google
-#              Benchmark (the ThreadSanitizer job, scripts/tsan.sh, needs no more: g++ brings
-#              its runtime)
+#     --tests  adds what the test suite needs: Catch2, gfortran, pkg-config, and Google Benchmark
+#              where nvcc is found (the bench is built only with CUDA); the ThreadSanitizer job,
+#              scripts/tsan.sh, needs no more: g++ brings its runtime
 #     --fuzz   adds what the fuzzers need (scripts/fuzz.sh): Clang and its runtimes (libFuzzer,
 #              ASan, UBSan)
 set -euo pipefail
@@ -12,7 +12,11 @@ set -euo pipefail
 packages=(cmake make g++ libeigen3-dev)
 for arg in "$@"; do
   case "$arg" in
-    --tests) packages+=(catch2 gfortran pkg-config libbenchmark-dev) ;;
+    --tests)
+      packages+=(catch2 gfortran pkg-config)
+      # the benchmark is built only with the CUDA backend
+      command -v nvcc >/dev/null 2>&1 && packages+=(libbenchmark-dev)
+      ;;
     --fuzz) packages+=(clang libclang-rt-dev) ;;
     *) echo "deps.sh: unknown option $arg (expected --tests or --fuzz)" >&2; exit 2 ;;
   esac
@@ -34,10 +38,10 @@ for p in "${packages[@]}"; do
 done
 if [[ ${#missing[@]} -gt 0 ]]; then
   if [[ $(id -u) -eq 0 ]]; then
-    echo "twblas: installing ${missing[*]}"
+    echo "twblas: installing ${missing[*]} (apt-get; this takes a minute the first time)"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
   else
     echo "twblas: missing packages; install them with:" >&2
     echo "  sudo apt-get install -y ${missing[*]}" >&2
