@@ -99,6 +99,20 @@ class LM(torch.nn.Module):
         return self.head(self.norm(x))
 
 
+class _MarkInBackward(torch.autograd.Function):
+    """The identity; its backward appends (name, a time mark) to the timer's spans."""
+
+    @staticmethod
+    def forward(ctx, t, timer, name):
+        ctx.timer, ctx.name = timer, name
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.timer.spans.append((ctx.name, ctx.timer._mark()))
+        return g, None, None
+
+
 class FfnTimer:
     """Times the MLP blocks' forward and backward (CUDA events on a GPU, wall clock on the CPU)."""
 
@@ -114,33 +128,13 @@ class FfnTimer:
         return time.perf_counter()
 
     def __call__(self, mlp, x):
-        timer = self
-
-        class Span(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, t):
-                return t.view_as(t)
-
-            @staticmethod
-            def backward(ctx, g):
-                timer.spans.append(("bwd_end", timer._mark()))
-                return g
-
-        class Start(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, t):
-                return t.view_as(t)
-
-            @staticmethod
-            def backward(ctx, g):
-                timer.spans.append(("bwd_start", timer._mark()))
-                return g
-
-        x = Span.apply(x)  # its backward runs after the MLP's: the end of the MLP backward
+        # identities whose backward records a mark: the one after the MLP runs first in the
+        # backward (its start), the one before it last (its end)
+        x = _MarkInBackward.apply(x, self, "bwd_end")
         self.spans.append(("fwd_start", self._mark()))
         y = mlp(x)
         self.spans.append(("fwd_end", self._mark()))
-        return Start.apply(y)  # its backward runs before the MLP's
+        return _MarkInBackward.apply(y, self, "bwd_start")
 
     def total_ms(self):
         if self.cuda:

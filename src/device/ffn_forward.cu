@@ -65,6 +65,14 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
     return path;
 }
 
+/// z = X Wg^T into the gate buffer, rounded to the gate type (cuBLASLt): every path but decode
+/// and the serving path's own gate starts with it.
+void run_gate_gemm(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const GemmOperand &x,
+                   const FfnScratch &s) {
+    st.gemm.run(stream, 1.0f, x, {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
+                {s.gate, s.ldg, p.gate_f32() ? TW_R_32F : p.type}, s.lt_workspace, s.lt_bytes);
+}
+
 // ---- launchers, in the order a forward runs them
 
 template <class T>
@@ -118,8 +126,8 @@ template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const Se
 
 template <class T>
 void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnWeights &w,
-                  const MatrixArg &x, const MatrixArg &y, const FfnScratch &s, unsigned long long *neuron_counts,
-                  bool write_h) {
+                  const MatrixArg &x, const GemmOperand &xg, const MatrixArg &y, const FfnScratch &s,
+                  unsigned long long *neuron_counts, bool write_h) {
     ServeArgs<T> a{};
     a.x = static_cast<const T *>(x.ptr), a.x_rs = x.rs, a.m = static_cast<int>(p.m);
     a.d = p.d, a.dp = p.dp, a.h = p.h;
@@ -138,9 +146,7 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
         // cuBLAS's gate GEMM (z rounded to T), the tickets zeroed before it; serve_sparse forms
         // the masks from the gate
         check(cudaMemsetAsync(a.tickets, 0, static_cast<size_t>(p.m + 1) * sizeof(uint32_t), stream), "cudaMemsetAsync");
-        st.gemm.run(stream, 1.0f, {x.ptr, p.m, p.d, x.rs, TW_ORDER_ROW, p.type},
-                    {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type}, {s.gate, s.ldg, p.type}, s.lt_workspace,
-                    s.lt_bytes);
+        run_gate_gemm(stream, st, p, xg, s);
         a.masks_from_gate = true;
     }
     // serve_gate: 16-byte loads in flight per lane (U chunks of 4 weight rows and NT x rows) and
@@ -346,7 +352,7 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
     const MatrixArg xa = matrix_arg(x), ya = matrix_arg(y);
     if (path.serve) {
         if constexpr (!std::is_same_v<T, float>) {
-            launch_serve<T>(stream, st, p, w, xa, ya, s, st.neuron_counts(), hidden != nullptr);
+            launch_serve<T>(stream, st, p, w, xa, operand(x), ya, s, st.neuron_counts(), hidden != nullptr);
             if (hidden) {  // h over the gate buffer, 0 for inactive units (serve_gate wrote them)
                 const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, p.type};
                 write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags);
@@ -359,9 +365,7 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
         launch_finish<T>(stream, st, p, s, false, 0, hidden);
         return;
     }
-    // the gate GEMM: z = X Wg^T, rounded to the gate type
-    st.gemm.run(stream, 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
-                {s.gate, s.ldg, p.gate_f32() ? TW_R_32F : p.type}, s.lt_workspace, s.lt_bytes);
+    run_gate_gemm(stream, st, p, operand(x), s);
     if (path.dense_mode) {
         if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
         launch_finish<T>(stream, st, p, s, false, 0, hidden);
@@ -396,8 +400,7 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
     }
     const FfnWeights w = st.weights(p);
     const MatrixArg xa = matrix_arg(x), ya = matrix_arg(y);
-    st.gemm.run(stream, 1.0f, operand(x), {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
-                {s.gate, s.ldg, p.gate_f32() ? TW_R_32F : p.type}, s.lt_workspace, s.lt_bytes);
+    run_gate_gemm(stream, st, p, operand(x), s);
     if (path.dense_mode) {
         // every row is saved as one the backward recomputes (through cuBLAS: see ffn_backward)
         if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);

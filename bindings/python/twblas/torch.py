@@ -17,6 +17,7 @@ Costs to know: l1 and the statistics are read with twFfnGetStats, and the l1 gra
 as a float, each a stream synchronisation on CUDA.
 """
 
+import contextlib
 import ctypes
 import threading
 import weakref
@@ -35,20 +36,36 @@ _DTYPES = {torch.float32: C.R_32F, torch.float16: C.R_16F, torch.bfloat16: C.R_1
 # handles and descriptors (C objects owned by Python objects)
 
 
-class _Handle:
+class _Owned:
+    """A C object owned by a Python object: `ptr`, freed by the C function named `_destroy`."""
+
+    _destroy = ""
+
+    def __init__(self):
+        self.ptr = ctypes.c_void_p()
+
+    def __del__(self):
+        try:  # at interpreter exit the module's globals may already be gone: nothing to free then
+            if self.ptr:
+                getattr(C.lib(), self._destroy)(self.ptr)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class _Handle(_Owned):
     """A twblas handle for one device, used by one thread (the C API's rule)."""
 
+    _destroy = "twDestroy"
+
     def __init__(self, device: torch.device):
-        self.ptr = ctypes.c_void_p()
+        super().__init__()
         self.device = device
-        backend = C.BACKEND_CUDA if device.type == "cuda" else C.BACKEND_CPU
-        if device.type == "cuda":
-            with torch.cuda.device(device):
-                C.check(C.lib().twCreateWithBackend(ctypes.byref(self.ptr), backend), None, "twCreateWithBackend")
-        elif device.type == "cpu":
-            C.check(C.lib().twCreateWithBackend(ctypes.byref(self.ptr), backend), None, "twCreateWithBackend")
-        else:
+        if device.type not in ("cpu", "cuda"):
             raise ValueError(f"twblas: tensors on {device} are not supported (CPU or CUDA)")
+        backend = C.BACKEND_CUDA if device.type == "cuda" else C.BACKEND_CPU
+        # a CUDA handle belongs to the device current at its creation
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            C.check(C.lib().twCreateWithBackend(ctypes.byref(self.ptr), backend), None, "twCreateWithBackend")
 
     def on_current_stream(self):
         if self.device.type == "cuda":
@@ -56,20 +73,16 @@ class _Handle:
             C.check(C.lib().twSetStream(self.ptr, ctypes.c_void_p(stream)), self.ptr, "twSetStream")
         return self.ptr
 
-    def __del__(self):
-        try:  # at interpreter exit the module's globals may already be gone: nothing to free then
-            if self.ptr:
-                C.lib().twDestroy(self.ptr)
-        except Exception:  # noqa: BLE001
-            pass
 
 
-class _DnMat:
+class _DnMat(_Owned):
     """A dense descriptor over a tensor's memory (kept alive while the descriptor is)."""
 
+    _destroy = "twDestroyDnMat"
+
     def __init__(self, t: Tensor, rows: int, cols: int, ld: int, order: int):
+        super().__init__()
         self.tensor = t
-        self.ptr = ctypes.c_void_p()
         data = ctypes.c_void_p(t.data_ptr() if t.numel() > 0 else None)
         C.check(C.lib().twCreateDnMat(ctypes.byref(self.ptr), rows, cols, ld, data, _DTYPES[t.dtype], order),
                 None, "twCreateDnMat")
@@ -86,23 +99,19 @@ class _DnMat:
         d, h = t.shape
         return _DnMat(t, h, d, max(1, t.stride(0)), C.ORDER_COL)
 
-    def __del__(self):
-        try:  # at interpreter exit the module's globals may already be gone: nothing to free then
-            if self.ptr:
-                C.lib().twDestroyDnMat(self.ptr)
-        except Exception:  # noqa: BLE001
-            pass
 
 
-class _Ffn:
+class _Ffn(_Owned):
     """The C library's FFN descriptor for one weight set on one device and thread."""
 
+    _destroy = "twDestroyFfn"
+
     def __init__(self, handle: _Handle, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor):
+        super().__init__()
         self.refs = [weakref.ref(w) if w is not None else None for w in (w_gate, w_up, w_down)]
         self.versions = self._versions(w_gate, w_up, w_down)
         self.gated = w_gate is not None
         self.descr = [_DnMat.rows_of(w_gate) if self.gated else None, _DnMat.rows_of(w_up), _DnMat.down_of(w_down)]
-        self.ptr = ctypes.c_void_p()
         kind = C.FFN_GATED_RELU if self.gated else C.FFN_RELU
         h = handle.on_current_stream()
         C.check(C.lib().twCreateFfn(h, ctypes.byref(self.ptr), kind, self._p(0), self._p(1), self._p(2)), h,
@@ -133,12 +142,6 @@ class _Ffn:
         C.check(C.lib().twFfnGetStats(h, self.ptr, ctypes.byref(self.stats)), h, "twFfnGetStats")
         return self.stats
 
-    def __del__(self):
-        try:  # at interpreter exit the module's globals may already be gone: nothing to free then
-            if self.ptr:
-                C.lib().twDestroyFfn(self.ptr)
-        except Exception:  # noqa: BLE001
-            pass
 
 
 class _ThreadState(threading.local):
