@@ -185,6 +185,26 @@ tt::DenseFfnWeights dense_weights(const tt::DeviceMemory &gate_up, const tt::Dev
     return weights;
 }
 
+/// The FFN over the uploaded bf16 weights (Bf16Weights in device memory) and the weight
+/// descriptors it was made from; destroy_gpu_ffn frees them.
+struct GpuFfn {
+    twFfnDescr_t ffn = nullptr;
+    twDnMatDescr_t wg = nullptr, wu = nullptr, wd = nullptr;
+};
+GpuFfn make_gpu_ffn(twHandle_t h, bool gated, int64_t d, int64_t hd, const tt::DeviceMemory &gate_up,
+                    const tt::DeviceMemory &down) {
+    GpuFfn f;
+    if (gated) DEMO_CHECK(h, twCreateDnMat(&f.wg, hd, d, d, gate_up.get(), TW_R_16BF, TW_ORDER_ROW));
+    DEMO_CHECK(h, twCreateDnMat(&f.wu, hd, d, d, gate_up.get<uint16_t>() + (gated ? hd * d : 0), TW_R_16BF, TW_ORDER_ROW));
+    DEMO_CHECK(h, twCreateDnMat(&f.wd, hd, d, hd, down.get(), TW_R_16BF, TW_ORDER_COL));
+    DEMO_CHECK(h, twCreateFfn(h, &f.ffn, gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, f.wg, f.wu, f.wd));
+    return f;
+}
+void destroy_gpu_ffn(const GpuFfn &f) {
+    twDestroyFfn(f.ffn);
+    for (twDnMatDescr_t dd : {f.wg, f.wu, f.wd}) twDestroyDnMat(dd);
+}
+
 /// The GPU demo: twSpGEMMFused against the dense cuBLAS FFN a user has today (one GEMM over
 /// [Wg; Wu], ReLU * product, the down GEMM; src/testing/cuda/dense_ffn), both on the same device
 /// data, and the result checked against a dense fp32 FFN on the CPU over the first rows.
@@ -197,14 +217,11 @@ int gpu_demo(const Options &o, twHandle_t h, const tt::FfnProblem &p, const tt::
     const std::vector<uint16_t> x16 = tt::to_bf16(p.x);
     const Bf16Weights w16 = bf16_weights(p, o.gated, d, hd);
     const DeviceMemory dx(x16), dgu(w16.gate_up), dwd(w16.down_linear), dy(static_cast<size_t>(m * d) * 2);
-    twDnMatDescr_t X, Y, WG = nullptr, WU, WD;
+    twDnMatDescr_t X, Y;
     DEMO_CHECK(h, twCreateDnMat(&X, m, d, d, dx.get(), TW_R_16BF, TW_ORDER_ROW));
     DEMO_CHECK(h, twCreateDnMat(&Y, m, d, d, dy.get(), TW_R_16BF, TW_ORDER_ROW));
-    if (o.gated) DEMO_CHECK(h, twCreateDnMat(&WG, hd, d, d, dgu.get(), TW_R_16BF, TW_ORDER_ROW));
-    DEMO_CHECK(h, twCreateDnMat(&WU, hd, d, d, dgu.get<uint16_t>() + (o.gated ? hd * d : 0), TW_R_16BF, TW_ORDER_ROW));
-    DEMO_CHECK(h, twCreateDnMat(&WD, hd, d, hd, dwd.get(), TW_R_16BF, TW_ORDER_COL));
-    twFfnDescr_t ffn = nullptr;
-    DEMO_CHECK(h, twCreateFfn(h, &ffn, o.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD));
+    const GpuFfn gf = make_gpu_ffn(h, o.gated, d, hd, dgu, dwd);
+    const twFfnDescr_t ffn = gf.ffn;
     size_t bytes = 0;
     DEMO_CHECK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y, &bytes));
     const DeviceMemory ws(bytes);
@@ -278,8 +295,8 @@ int gpu_demo(const Options &o, twHandle_t h, const tt::FfnProblem &p, const tt::
             std::fclose(f);
         }
     }
-    twDestroyFfn(ffn);
-    for (twDnMatDescr_t dd : {X, Y, WG, WU, WD}) twDestroyDnMat(dd);
+    destroy_gpu_ffn(gf);
+    for (twDnMatDescr_t dd : {X, Y}) twDestroyDnMat(dd);
     DEMO_CHECK(h, twSetStream(h, nullptr));
     cudaStreamDestroy(stream);
     twDestroy(h);
@@ -316,15 +333,12 @@ int serving_demo(const Options &o, twHandle_t h) {
         const tt::FfnProblem p = tt::make_ffn_problem(spec);
         const Bf16Weights w16 = bf16_weights(p, o.gated, d, hd);
         const DeviceMemory dx(tt::to_bf16(p.x)), dgu(w16.gate_up), dwd(w16.down_linear), dy(static_cast<size_t>(m * d) * 2);
-        twDnMatDescr_t X[4], Y, WG = nullptr, WU, WD;
+        twDnMatDescr_t X[4], Y;
         for (int b = 0; b < 4; ++b)
             DEMO_CHECK(h, twCreateDnMat(&X[b], m, d, d, dx.get<uint16_t>() + b * m * d, TW_R_16BF, TW_ORDER_ROW));
         DEMO_CHECK(h, twCreateDnMat(&Y, m, d, d, dy.get(), TW_R_16BF, TW_ORDER_ROW));
-        if (o.gated) DEMO_CHECK(h, twCreateDnMat(&WG, hd, d, d, dgu.get(), TW_R_16BF, TW_ORDER_ROW));
-        DEMO_CHECK(h, twCreateDnMat(&WU, hd, d, d, dgu.get<uint16_t>() + (o.gated ? hd * d : 0), TW_R_16BF, TW_ORDER_ROW));
-        DEMO_CHECK(h, twCreateDnMat(&WD, hd, d, hd, dwd.get(), TW_R_16BF, TW_ORDER_COL));
-        twFfnDescr_t ffn = nullptr;
-        DEMO_CHECK(h, twCreateFfn(h, &ffn, o.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD));
+        const GpuFfn gf = make_gpu_ffn(h, o.gated, d, hd, dgu, dwd);
+        const twFfnDescr_t ffn = gf.ffn;
         size_t bytes = 0;
         DEMO_CHECK(h, twSpGEMMFused_bufferSize(h, ffn, X[0], Y, &bytes));
         const DeviceMemory ws(bytes);
@@ -361,8 +375,8 @@ int serving_demo(const Options &o, twHandle_t h) {
         ok = ok && rel < 2e-2;
         std::printf("  %6lld %22.1f %22.1f %8.2fx   (rel. difference %.1e)\n", (long long)m, t_tw, t_dense,
                     t_dense / t_tw, rel);
-        twDestroyFfn(ffn);
-        for (twDnMatDescr_t dd : {X[0], X[1], X[2], X[3], Y, WG, WU, WD}) twDestroyDnMat(dd);
+        destroy_gpu_ffn(gf);
+        for (twDnMatDescr_t dd : {X[0], X[1], X[2], X[3], Y}) twDestroyDnMat(dd);
     }
     std::printf("  (%lld eager calls per loop after 20 warm-up calls; wall time, host and GPU)\n", (long long)steps);
     DEMO_CHECK(h, twSetStream(h, nullptr));
