@@ -4,6 +4,7 @@
 // use always agree.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -55,13 +56,16 @@ struct alignas(16) FfnFeedback {
 #else
 #define TWBLAS_HOST_DEVICE
 #endif
-/// The mode word: bit 0 heuristics::dense_mode_after, above it the mean active units per token
-/// rounded down (saturated), which decides whether gathers still pay at a few tokens.
+/// The mode word: bit 0 heuristics::dense_mode_after; above it the mean active units per token
+/// as a quarter-octave bucket, ceil(4 log2(mean + 1)). Coarse on purpose: the record is written to
+/// host memory only when it changes (about a microsecond at the end of a kernel), and a decode
+/// step's count changes with nearly every token, its bucket far less often (26 to 31 share one).
 TWBLAS_HOST_DEVICE inline uint32_t feedback_mode(bool dense_mode, double mean_active) {
-    const double cap = 2147483647.0;
-    const uint32_t mean = static_cast<uint32_t>(mean_active < cap ? (mean_active > 0.0 ? mean_active : 0.0) : cap);
-    return (mean << 1) | (dense_mode ? 1u : 0u);
+    const double b = mean_active > 0.0 ? ceil(4.0 * log2(mean_active + 1.0)) : 0.0;
+    return (static_cast<uint32_t>(b < 1024.0 ? b : 1024.0) << 1) | (dense_mode ? 1u : 0u);
 }
+/// The mean a mode word stands for: the top of its bucket (at most ~19 % above the mean).
+TWBLAS_HOST_DEVICE inline double feedback_mean(uint32_t mode) { return exp2(static_cast<double>(mode >> 1) / 4.0) - 1.0; }
 TWBLAS_HOST_DEVICE inline uint32_t feedback_check(uint32_t mode, uint32_t share_bits) {
     return (mode * 0x85ebca6bu ^ ((share_bits << 13) | (share_bits >> 19))) + 0x9e3779b9u;
 }

@@ -53,7 +53,7 @@ void absorb_feedback(CudaFfnState &st) {
     std::memcpy(&share_bits, &f.dense_share, 4);
     if (f.published != 1u || f.check != feedback_check(f.mode, share_bits)) return;  // none yet, or torn
     st.dense_mode = (f.mode & 1u) != 0;
-    st.mean_active = static_cast<double>(f.mode >> 1);
+    st.mean_active = feedback_mean(f.mode);
     st.dense_row_fraction = f.dense_share;
 }
 
