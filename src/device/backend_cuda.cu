@@ -2,15 +2,16 @@
 // Compute calls (GemmToSparse, SpMM, the fused FFN) run as kernels on the handle's stream with
 // scratch from the caller's workspace: no allocation, no synchronisation, capturable in CUDA
 // graphs. Calls whose contract returns a result to the host (info, validation, conversions that
-// report CAPACITY_EXCEEDED, statistics) synchronise the handle's stream (host_staged.hpp).
+// report CAPACITY_EXCEEDED, statistics) run on the device too and synchronise the handle's stream
+// to read back the few bytes that decide it (container_ops.hpp).
 #include <cuda_runtime.h>
 
 #include "common/pointer_check.hpp"
+#include "container_ops.hpp"
 #include "ffn_backward.hpp"
 #include "ffn_forward.hpp"
 #include "ffn_state.hpp"
 #include "host/backend.hpp"
-#include "host_staged.hpp"
 #include "sparse_ops.hpp"
 
 namespace twblas {
@@ -40,18 +41,18 @@ int device_sm_count() {
 class CudaBackend final : public Backend {
   public:
     explicit CudaBackend(void *const *stream_slot)
-        : stream_slot_(stream_slot), ref_(make_reference_backend()), staged_(*ref_), sm_count_(device_sm_count()) {}
+        : stream_slot_(stream_slot), sm_count_(device_sm_count()) {}
     twBackend_t kind() const override { return TW_BACKEND_CUDA; }
 
-    // ---- inspection and conversions (host results: these synchronise)
-    twSpMatInfo_t sparse_info(const twSpMatDescr &s) override { return staged_.sparse_info(stream(), s); }
-    void sparse_validate(const twSpMatDescr &s) override { staged_.sparse_validate(stream(), s); }
+    // ---- inspection and conversions (setup calls: they read back the bytes that decide their status)
+    twSpMatInfo_t sparse_info(const twSpMatDescr &s) override { return containers_.info(stream(), s); }
+    void sparse_validate(const twSpMatDescr &s) override { containers_.validate(stream(), s, "descr"); }
     size_t dense_to_sparse_workspace(const twDnMatDescr &, const twSpMatDescr &out) override {
         return cuda::sparse_writer_workspace(out);
     }
     twStatus_t dense_to_sparse_analysis(const twDnMatDescr &in, const twSpMatDescr &out, twConvertOp_t op,
                                         void *) override {
-        return staged_.dense_to_sparse_analysis(stream(), in, out, op);
+        return containers_.dense_to_sparse_analysis(stream(), in, out, op);
     }
     twStatus_t dense_to_sparse_convert(const twDnMatDescr &in, const twSpMatDescr &out, twConvertOp_t op,
                                        void *workspace) override {
@@ -59,16 +60,16 @@ class CudaBackend final : public Backend {
         cuda::require_device_accessible(out.buffer, "out");
         cuda::require_device_accessible(workspace, "workspace");
         cuda::write_sparse(stream(), cuda::matrix_arg(in), op, out, workspace);
-        return staged_.capacity_status(stream(), out);
+        return containers_.capacity_status(stream(), out);
     }
     twStatus_t sparse_to_dense(const twSpMatDescr &in, const twDnMatDescr &out) override {
-        return staged_.sparse_to_dense(stream(), in, out);
+        return containers_.sparse_to_dense(stream(), in, out);
     }
     twStatus_t sparse_convert(const twSpMatDescr &in, const twSpMatDescr &out) override {
-        return staged_.sparse_convert(stream(), in, out);
+        return containers_.sparse_convert(stream(), in, out);
     }
     twStatus_t sparse_transpose(const twSpMatDescr &in, const twSpMatDescr &out) override {
-        return staged_.sparse_transpose(stream(), in, out);
+        return containers_.sparse_transpose(stream(), in, out);
     }
 
     // ---- building blocks (compute calls)
@@ -156,8 +157,7 @@ class CudaBackend final : public Backend {
     cudaStream_t stream() const { return static_cast<cudaStream_t>(*stream_slot_); }
 
     void *const *stream_slot_;
-    std::unique_ptr<Backend> ref_;
-    cuda::HostStaged staged_;
+    cuda::ContainerOps containers_;
     int sm_count_;
     cuda::GemmRunner gemm_;  // the building blocks' cuBLASLt plans
 };

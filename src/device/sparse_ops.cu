@@ -12,34 +12,6 @@ namespace twblas::cuda {
 
 namespace {
 
-ContainerArgs sparse_args(const twSpMatDescr &s) {
-    ContainerArgs a{};
-    a.base = static_cast<uint8_t *>(s.buffer);
-    a.type = s.type;
-    a.rows = s.rows;
-    a.cols = s.cols;
-    if (s.format == TW_FORMAT_TWELL) {
-        a.tile = s.twell.tile_width;
-        a.slots = static_cast<int32_t>(s.twell.slots);
-        a.words_per_block = static_cast<int32_t>(s.twell.words_per_block);
-        a.ld = s.twell.ld;
-        a.record = static_cast<int64_t>(s.twell.overflow_offset_words());
-    } else {
-        const HybridLayout &l = s.hybrid;
-        a.ell_width = l.ell_width;
-        a.backup_rows = l.backup_rows;
-        a.row_nnz = l.row_nnz;
-        a.ell_cols = l.ell_cols;
-        a.ell_vals = l.ell_vals;
-        a.backup_count = l.backup_count;
-        a.backup_row_ids = l.backup_row_ids;
-        a.backup_map = l.backup_map;
-        a.backup_vals = l.backup_vals;
-        a.value_bytes = l.value_bytes;
-    }
-    return a;
-}
-
 struct GemmScratch {
     void *lt, *z;
     int32_t *flags;
@@ -85,7 +57,7 @@ void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, co
         check(cudaMemsetAsync(static_cast<uint8_t *>(out.buffer) + at_bytes, 0, 4, stream), "cudaMemsetAsync");
         return;
     }
-    const ContainerArgs args = sparse_args(out);
+    const ContainerArgs args = container_args(out);
     auto *flags = static_cast<int32_t *>(workspace);
     const int warps_per_block = 4;
     const int blocks = ceil_div(out.rows, warps_per_block);
@@ -95,12 +67,17 @@ void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, co
     else
         write_hybrid_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
     check_launch("write_sparse rows");
-    assign_flagged_rows<<<1, kScanThreads, 0, stream>>>(flags, out.rows, args, twell);
-    check_launch("assign_flagged_rows");
+    assign_overflow_slots(stream, flags, out);
     if (!twell) {
         write_hybrid_backup<<<static_cast<unsigned>(out.rows), 256, 0, stream>>>(in, op, args, flags);
         check_launch("write_hybrid_backup");
     }
+}
+
+void assign_overflow_slots(cudaStream_t stream, int32_t *flags, const twSpMatDescr &out) {
+    assign_flagged_rows<<<1, kScanThreads, 0, stream>>>(flags, out.rows, container_args(out),
+                                                        out.format == TW_FORMAT_TWELL);
+    check_launch("assign_flagged_rows");
 }
 
 void spmm(cudaStream_t stream, float alpha, const twSpMatDescr &s, const MatrixArg &w, float beta,
@@ -109,7 +86,7 @@ void spmm(cudaStream_t stream, float alpha, const twSpMatDescr &s, const MatrixA
     require_device_accessible(s.buffer, "S");
     require_device_accessible(w.ptr, "W");
     require_device_accessible(y.ptr, "Y");
-    spmm_rows<<<static_cast<unsigned>(y.rows), kSpmmThreads, 0, stream>>>(alpha, sparse_args(s),
+    spmm_rows<<<static_cast<unsigned>(y.rows), kSpmmThreads, 0, stream>>>(alpha, container_args(s),
                                                                          s.format == TW_FORMAT_TWELL, w, beta, y);
     check_launch("spmm_rows");
 }

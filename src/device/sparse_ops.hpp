@@ -19,6 +19,10 @@ size_t sparse_writer_workspace(const twSpMatDescr &out);
 /// assigned in ascending row order (deterministic).
 void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
                   void *workspace);
+/// After a writer flagged rows that do not fit the compact part of `out` (flags[r] = 1): gives
+/// them record entries (TwELL) or backup slots (hybrid; flags[r] becomes 2 + slot) in ascending
+/// row order, and sets the record / backup count.
+void assign_overflow_slots(cudaStream_t stream, int32_t *flags, const twSpMatDescr &out);
 /// Y = alpha * S * W + beta * Y (rows of S that are incomplete come out as NaN).
 void spmm(cudaStream_t stream, float alpha, const twSpMatDescr &s, const MatrixArg &w, float beta,
           const MatrixArg &y);

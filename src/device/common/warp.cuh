@@ -24,6 +24,11 @@ __device__ inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
     return v;
 }
+__device__ inline long long warp_sum(long long v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+    return v;
+}
 
 /// Row `r` of a matrix into shared memory as `nchunks` 16-byte chunks (zeros past d), by the block.
 template <class T> __device__ inline void stage_row(uint4 *dst, const T *m, int64_t r, int64_t rs, int64_t cs, bool vec,

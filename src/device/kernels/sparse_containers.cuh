@@ -1,73 +1,13 @@
 // Kernels on the sparse containers of docs/formats.md: the dense -> TwELL / hybrid writer and
 // SpMM. Value types are run-time arguments (one instantiation each) since these are building
-// blocks, not the FFN's hot loop.
+// blocks, not the FFN's hot loop. Included by sparse_ops.cu only (kernels are defined here).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
 
-#include "common/matrix_arg.hpp"
-#include "common/values.cuh"
-#include "common/warp.cuh"
-#include "host/formats.hpp"
+#include "kernels/container_args.cuh"
 
 namespace twblas::cuda {
-
-// ---- run-time typed element access
-
-__device__ inline uint32_t load_raw(const void *p, int64_t i, int bytes) {
-    return bytes == 4 ? static_cast<const uint32_t *>(p)[i] : static_cast<const uint16_t *>(p)[i];
-}
-__device__ inline float decode(uint32_t raw, twDataType_t t) {
-    if (t == TW_R_32F) return __uint_as_float(raw);
-    if (t == TW_R_16BF) return __uint_as_float(raw << 16);
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(raw)));
-}
-__device__ inline uint32_t encode(float v, twDataType_t t) {
-    if (t == TW_R_32F) return __float_as_uint(v);
-    if (t == TW_R_16BF) return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-    return __half_as_ushort(__float2half_rn(v));
-}
-__device__ inline int type_bytes(twDataType_t t) { return t == TW_R_32F ? 4 : 2; }
-__device__ inline float load_f(const MatrixArg &m, int64_t r, int64_t c) {
-    return decode(load_raw(m.ptr, r * m.rs + c * m.cs, type_bytes(m.type)), m.type);
-}
-__device__ inline void store_f(const MatrixArg &m, int64_t r, int64_t c, float v) {
-    const int64_t i = r * m.rs + c * m.cs;
-    if (m.type == TW_R_32F)
-        static_cast<float *>(m.ptr)[i] = v;
-    else
-        static_cast<uint16_t *>(m.ptr)[i] = static_cast<uint16_t>(encode(v, m.type));
-}
-
-/// Bits of in(r, c) in the container's type: copied when the types match (exact, NaN payloads
-/// included), rounded to nearest even otherwise.
-__device__ inline uint32_t container_bits(const MatrixArg &in, int64_t r, int64_t c, twDataType_t out) {
-    const uint32_t raw = load_raw(in.ptr, r * in.rs + c * in.cs, type_bytes(in.type));
-    return in.type == out ? raw : encode(decode(raw, in.type), out);
-}
-__device__ inline bool keeps(uint32_t bits, twDataType_t t, twConvertOp_t op) {
-    return op == TW_CONVERT_RELU ? relu_active(decode(bits, t)) : bits != 0;
-}
-
-__device__ inline uint32_t lane_id() { return threadIdx.x & 31u; }
-
-struct ContainerArgs {
-    uint8_t *base;
-    twDataType_t type;
-    int64_t rows, cols;
-    // TwELL
-    int32_t tile, slots, words_per_block;
-    int64_t ld, record;  // words
-    // hybrid
-    int32_t ell_width;
-    int64_t backup_rows;
-    size_t row_nnz, ell_cols, ell_vals, backup_count, backup_row_ids, backup_map, backup_vals, value_bytes;
-};
-
-
-template <class T> __device__ inline T *at(const ContainerArgs &a, size_t offset) {
-    return reinterpret_cast<T *>(a.base + offset);
-}
 
 // ---- writer: TwELL, one warp per row, 256 columns (8 per lane) per step
 

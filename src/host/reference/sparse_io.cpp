@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "host/container_checks.hpp"
 #include "host/error.hpp"
 #include "host/numeric.hpp"
 
@@ -208,58 +209,18 @@ twSpMatInfo_t info(const twSpMatDescr &s) {
 
 void validate(const twSpMatDescr &s, const char *name) {
     const uint8_t *base = static_cast<const uint8_t *>(s.buffer);
+    std::vector<uint8_t> seen(static_cast<size_t>(std::max<int64_t>(s.cols, 1)), 0);
     if (s.format == TW_FORMAT_TWELL) {
         const TwellLayout &l = s.twell;
         const uint32_t *words = at<uint32_t>(base, 0);
         const uint32_t *record = words + l.overflow_offset_words();
         const int64_t listed = record[0];
-        if (listed > l.rows)
-            fail(TW_STATUS_INVALID_VALUE, "%s: overflow record lists %" PRId64 " rows, more than the %" PRId64 " rows",
-                 name, listed, l.rows);
-        for (int64_t i = 0; i < listed; ++i) {
-            const int64_t id = record[1 + i];
-            if (id >= l.rows)
-                fail(TW_STATUS_INVALID_VALUE, "%s: overflow record entry %" PRId64 " names row %" PRId64 ", out of range",
-                     name, i, id);
-            if (i > 0 && id <= static_cast<int64_t>(record[i]))
-                fail(TW_STATUS_INVALID_VALUE, "%s: overflow record entry %" PRId64 " (row %" PRId64
-                     ") is not in ascending order or repeats a row", name, i, id);
-        }
-        std::vector<uint8_t> seen(static_cast<size_t>(std::max<int64_t>(l.cols, 1)), 0);
+        checks::twell_record_count(l, name, listed);
+        for (int64_t i = 0; i < listed; ++i) checks::twell_record_entry(l, name, i, record[1 + i], i > 0 ? record[i] : 0);
         int64_t next_listed = 0;
         for (int64_t r = 0; r < l.rows; ++r) {
-            bool row_overflow = false;
-            for (int64_t t = 0; t < l.tiles; ++t) {
-                const uint32_t *block = words + l.block(r, t);
-                const uint32_t header = block[0];
-                if (header & ~(kTwellCountMask | kTwellOverflowBit))
-                    fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", tile %" PRId64 ", slot 0: reserved header bits set (0x%08x)",
-                         name, r, t, header);
-                const int64_t count = header & kTwellCountMask;
-                if (count > l.slots)
-                    fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", tile %" PRId64 ", slot 0: count %" PRId64
-                         " exceeds the %" PRId64 " slots", name, r, t, count, l.slots);
-                if ((header & kTwellOverflowBit) && count != l.slots)
-                    fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", tile %" PRId64 ", slot 0: overflow bit set with count %" PRId64
-                         " below the %" PRId64 " slots", name, r, t, count, l.slots);
-                row_overflow |= (header & kTwellOverflowBit) != 0;
-                const int64_t lo = t * l.tile_width, hi = std::min<int64_t>(lo + l.tile_width, l.cols);
-                for (int64_t i = 0; i < count; ++i) {
-                    const int64_t col = twell_entry_col(block[1 + i]);
-                    if (col < lo || col >= hi)
-                        fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", tile %" PRId64 ", slot %" PRId64 ": column %" PRId64
-                             " lies outside the tile [%" PRId64 ", %" PRId64 ")", name, r, t, i + 1, col, lo, hi);
-                    if (seen[static_cast<size_t>(col)])
-                        fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", tile %" PRId64 ", slot %" PRId64
-                             ": duplicate column %" PRId64, name, r, t, i + 1, col);
-                    seen[static_cast<size_t>(col)] = 1;
-                }
-                for (int64_t i = 0; i < count; ++i) seen[static_cast<size_t>(twell_entry_col(block[1 + i]))] = 0;
-            }
             const bool is_listed = next_listed < listed && record[1 + next_listed] == static_cast<uint32_t>(r);
-            if (row_overflow != is_listed)
-                fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": overflow bit %s but the row is %slisted in the overflow record",
-                     name, r, row_overflow ? "set" : "clear", is_listed ? "" : "not ");
+            checks::twell_row(l, name, r, words + l.block(r, 0), is_listed, seen);
             if (is_listed) ++next_listed;
         }
         return;
@@ -270,63 +231,27 @@ void validate(const twSpMatDescr &s, const char *name) {
     const int32_t *map = at<int32_t>(base, l.backup_map);
     const int32_t *ids = at<int32_t>(base, l.backup_row_ids);
     const int64_t needed = at<int32_t>(base, l.backup_count)[0];
-    if (needed < 0 || needed > l.rows)
-        fail(TW_STATUS_INVALID_VALUE, "%s: backup_count %" PRId64 " outside [0, %" PRId64 "]", name, needed, l.rows);
+    checks::hybrid_backup_count(l, name, needed);
     const int64_t stored = std::min(needed, l.backup_rows);
     for (int64_t slot = 0; slot < stored; ++slot) {
         const int64_t r = ids[slot];
-        if (r < 0 || r >= l.rows)
-            fail(TW_STATUS_INVALID_VALUE, "%s: backup slot %" PRId64 ": row id %" PRId64 " out of range", name, slot, r);
-        if (map[r] != slot)
-            fail(TW_STATUS_INVALID_VALUE, "%s: backup slot %" PRId64 " holds row %" PRId64 " but backup_map[%" PRId64 "] = %d",
-                 name, slot, r, r, map[r]);
+        checks::hybrid_slot(l, name, slot, r, r >= 0 && r < l.rows ? map[r] : -1);
     }
-    std::vector<uint8_t> seen(static_cast<size_t>(std::max<int64_t>(l.cols, 1)), 0);
     int64_t over = 0;
     for (int64_t r = 0; r < l.rows; ++r) {
-        const int64_t n = nnz[r];
-        if (n < 0 || n > l.cols)
-            fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": row_nnz %" PRId64 " outside [0, cols = %" PRId64 "]", name, r, n,
-                 l.cols);
-        const int64_t slot = map[r];
-        if (n <= l.ell_width) {
-            if (slot != -1)
-                fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": %" PRId64 " non-zeros fit the ELL width but backup_map is %" PRId64,
-                     name, r, n, slot);
-            const uint16_t *rc = ecols + r * l.ell_width;
-            for (int64_t i = 0; i < n; ++i) {
-                if (rc[i] >= l.cols)
-                    fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", slot %" PRId64 ": column %d >= cols = %" PRId64, name, r, i,
-                         rc[i], l.cols);
-                if (seen[rc[i]])
-                    fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ", slot %" PRId64 ": duplicate column %d", name, r, i, rc[i]);
-                seen[rc[i]] = 1;
-            }
-            for (int64_t i = 0; i < n; ++i) seen[rc[i]] = 0;
-            continue;
+        checks::HybridRow row;
+        row.nnz = nnz[r];
+        row.slot = map[r];
+        row.ell_cols = ecols + r * l.ell_width;
+        if (row.nnz > l.ell_width && row.slot >= 0 && row.slot < stored) {
+            row.slot_row_id = ids[row.slot];
+            const uint8_t *dense = base + l.backup_vals + static_cast<size_t>(row.slot * l.cols) * l.value_bytes;
+            for (int64_t c = 0; c < l.cols; ++c)
+                row.backup_nonzeros += is_stored_nonzero(read_bits(dense, static_cast<size_t>(c), l.value_bytes));
         }
-        ++over;
-        if (slot == -1) {
-            if (needed <= l.backup_rows)
-                fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": %" PRId64 " non-zeros exceed the ELL width %d but the row has no backup slot",
-                     name, r, n, l.ell_width);
-            continue;  // recorded as not stored (capacity exceeded)
-        }
-        if (slot < 0 || slot >= stored)
-            fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": backup_map %" PRId64 " is not a filled backup slot", name, r, slot);
-        // the slot must hold this row: a row pointing at another row's slot would read that row's values
-        if (ids[slot] != r)
-            fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": backup_map %" PRId64 " names the backup slot of row %d",
-                 name, r, slot, ids[slot]);
-        const uint8_t *dense = base + l.backup_vals + static_cast<size_t>(slot * l.cols) * l.value_bytes;
-        int64_t count = 0;
-        for (int64_t c = 0; c < l.cols; ++c) count += is_stored_nonzero(read_bits(dense, static_cast<size_t>(c), l.value_bytes));
-        if (count != n)
-            fail(TW_STATUS_INVALID_VALUE, "%s: row %" PRId64 ": backup row holds %" PRId64 " non-zeros, row_nnz says %" PRId64, name,
-                 r, count, n);
+        over += checks::hybrid_row(l, name, r, row, needed, seen);
     }
-    if (over != needed)
-        fail(TW_STATUS_INVALID_VALUE, "%s: backup_count is %" PRId64 " but %" PRId64 " rows exceed the ELL width", name, needed, over);
+    checks::hybrid_total(name, needed, over);
 }
 
 }  // namespace twblas::reference

@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cstring>
 
+#include "host/container_checks.hpp"
 #include "host/error.hpp"
 #include "host/numeric.hpp"
 #include "reference.hpp"
@@ -77,11 +78,7 @@ void require_disjoint(const twSpMatDescr &a, const twSpMatDescr &b) {
 SparseReader complete_reader(const twSpMatDescr &s, const char *name) {
     validate(s, name);
     SparseReader reader(s);
-    if (const int64_t n = reader.incomplete_rows())
-        fail(TW_STATUS_INCOMPLETE_INPUT,
-             "%s: %" PRId64 " rows did not fit this container when it was filled and are not stored "
-             "completely; the result would not be exact (use a hybrid with enough backup rows)",
-             name, n);
+    checks::complete_input(name, reader.incomplete_rows());
     return reader;
 }
 
@@ -113,15 +110,7 @@ twStatus_t ReferenceBackend::dense_to_sparse_analysis(const twDnMatDescr &in, co
     }
     const AnalysisStamp stamp{kAnalysisMagic, in.rows, in.cols, op, out.format, compact_misses};
     std::memcpy(workspace, &stamp, sizeof stamp);
-    if (out.format == TW_FORMAT_TWELL && compact_misses > 0)
-        fail(TW_STATUS_CAPACITY_EXCEEDED,
-             "out: %" PRId64 " rows have a tile with more than %" PRId64 " non-zeros (the TwELL slots of tile width %d, "
-             "compression %d); use a smaller compression or a hybrid",
-             compact_misses, out.twell.slots, out.twell.tile_width, out.twell.compression);
-    if (out.format == TW_FORMAT_HYBRID && compact_misses > out.hybrid.backup_rows)
-        fail(TW_STATUS_CAPACITY_EXCEEDED,
-             "out: %" PRId64 " rows have more than %d non-zeros but the hybrid has %" PRId64 " backup rows",
-             compact_misses, out.hybrid.ell_width, out.hybrid.backup_rows);
+    checks::dense_to_sparse_capacity(out, compact_misses);
     return TW_STATUS_SUCCESS;
 }
 

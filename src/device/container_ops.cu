@@ -1,0 +1,331 @@
+#include "container_ops.hpp"
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/pointer_check.hpp"
+#include "host/container_checks.hpp"
+#include "kernels/container_convert.cuh"
+#include "kernels/container_inspect.cuh"
+#include "sparse_ops.hpp"
+
+namespace twblas::cuda {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 4;  // the row kernels: one warp per row
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::max(1, ceil_div(rows, kWarpsPerBlock))); }
+unsigned flat_blocks(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(4096, std::max<int64_t>(1, (n + 255) / 256))); }
+
+/// Copies `bytes` at `src` back to the host after the stream's work (a setup call's read-back).
+void read_back(cudaStream_t stream, void *dst, const void *src, size_t bytes) {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+template <class T> T read_one(cudaStream_t stream, const uint8_t *base, size_t byte_offset) {
+    T v{};
+    read_back(stream, &v, base + byte_offset, sizeof v);
+    return v;
+}
+
+/// Device memory for one setup call, ordered on its stream (the conversions' APIs have no workspace).
+class StreamScratch {
+  public:
+    explicit StreamScratch(cudaStream_t stream) : stream_(stream) {}
+    ~StreamScratch() {
+        for (void *p : blocks_) (void)cudaFreeAsync(p, stream_);
+    }
+    StreamScratch(const StreamScratch &) = delete;
+    StreamScratch &operator=(const StreamScratch &) = delete;
+    template <class T> T *take(size_t count) {
+        void *p = nullptr;
+        if (cudaMallocAsync(&p, std::max<size_t>(1, count * sizeof(T)), stream_) != cudaSuccess) {
+            (void)cudaGetLastError();
+            fail(TW_STATUS_ALLOC_FAILED, "cudaMallocAsync of %zu bytes failed", count * sizeof(T));
+        }
+        blocks_.push_back(p);
+        return static_cast<T *>(p);
+    }
+
+  private:
+    cudaStream_t stream_;
+    std::vector<void *> blocks_;
+};
+
+/// Entry lists and the memory that holds them.
+struct Lists {
+    EntryLists lists{};
+    int64_t rows = 0, nnz = 0;
+};
+
+/// ptr = exclusive sum of counts[0 .. rows - 1] (counts[rows] must be 0); returns the total.
+int64_t exclusive_sum(cudaStream_t stream, StreamScratch &scratch, int64_t *counts, int64_t *ptr, int64_t rows) {
+    size_t bytes = 0;
+    check(cub::DeviceScan::ExclusiveSum(nullptr, bytes, counts, ptr, rows + 1, stream), "cub::DeviceScan");
+    void *temp = scratch.take<uint8_t>(bytes);
+    check(cub::DeviceScan::ExclusiveSum(temp, bytes, counts, ptr, rows + 1, stream), "cub::DeviceScan");
+    int64_t total = 0;
+    read_back(stream, &total, ptr + rows, sizeof total);
+    return total;
+}
+
+/// The entries of a validated, complete container, row by row in column order.
+Lists read_lists(cudaStream_t stream, StreamScratch &scratch, const twSpMatDescr &in) {
+    const ContainerArgs c = container_args(in);
+    const bool twell = in.format == TW_FORMAT_TWELL;
+    Lists l;
+    l.rows = in.rows;
+    auto *counts = scratch.take<int64_t>(static_cast<size_t>(in.rows) + 1);
+    auto *ptr = scratch.take<int64_t>(static_cast<size_t>(in.rows) + 1);
+    check(cudaMemsetAsync(counts + in.rows, 0, sizeof(int64_t), stream), "cudaMemsetAsync");
+    if (in.rows > 0) {
+        count_row_entries<<<row_blocks(in.rows), 32 * kWarpsPerBlock, 0, stream>>>(c, twell, counts);
+        check_launch("count_row_entries");
+    }
+    l.nnz = exclusive_sum(stream, scratch, counts, ptr, in.rows);
+    l.lists = {ptr, scratch.take<int32_t>(static_cast<size_t>(l.nnz)), scratch.take<uint32_t>(static_cast<size_t>(l.nnz))};
+    if (in.rows > 0) {
+        fill_row_entries<<<row_blocks(in.rows), 32 * kWarpsPerBlock, 0, stream>>>(c, twell, l.lists);
+        check_launch("fill_row_entries");
+    }
+    return l;
+}
+
+/// The lists of the transpose (`cols` rows): a stable sort of the entries by column.
+Lists transpose_lists(cudaStream_t stream, StreamScratch &scratch, const Lists &in, int64_t cols) {
+    if (in.nnz > INT32_MAX)
+        fail(TW_STATUS_NOT_SUPPORTED, "in: %lld stored values; the device transpose takes at most 2^31 - 1",
+             static_cast<long long>(in.nnz));
+    const int n = static_cast<int>(in.nnz);
+    auto *keys = scratch.take<uint16_t>(2 * static_cast<size_t>(n));
+    auto *pairs = scratch.take<uint64_t>(2 * static_cast<size_t>(n));
+    if (in.rows > 0) {
+        entries_to_pairs<<<row_blocks(in.rows), 32 * kWarpsPerBlock, 0, stream>>>(in.lists, in.rows, keys, pairs);
+        check_launch("entries_to_pairs");
+    }
+    cub::DoubleBuffer<uint16_t> k(keys, keys + n);
+    cub::DoubleBuffer<uint64_t> v(pairs, pairs + n);
+    size_t bytes = 0;
+    check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, k, v, n, 0, 16, stream), "cub::DeviceRadixSort");
+    void *temp = scratch.take<uint8_t>(bytes);
+    check(cub::DeviceRadixSort::SortPairs(temp, bytes, k, v, n, 0, 16, stream), "cub::DeviceRadixSort");
+
+    Lists out;
+    out.rows = cols;
+    out.nnz = in.nnz;
+    auto *counts = scratch.take<int64_t>(static_cast<size_t>(cols) + 1);
+    auto *ptr = scratch.take<int64_t>(static_cast<size_t>(cols) + 1);
+    check(cudaMemsetAsync(counts, 0, (static_cast<size_t>(cols) + 1) * sizeof(int64_t), stream), "cudaMemsetAsync");
+    count_keys<<<flat_blocks(n), 256, 0, stream>>>(k.Current(), n, counts);
+    check_launch("count_keys");
+    exclusive_sum(stream, scratch, counts, ptr, cols);
+    out.lists = {ptr, scratch.take<int32_t>(static_cast<size_t>(n)), scratch.take<uint32_t>(static_cast<size_t>(n))};
+    pairs_to_entries<<<flat_blocks(n), 256, 0, stream>>>(v.Current(), n, out.lists);
+    check_launch("pairs_to_entries");
+    return out;
+}
+
+/// Writes every row of `out` from the lists, with the record / backup slots in row order.
+void write_lists(cudaStream_t stream, StreamScratch &scratch, const Lists &in, const twSpMatDescr &out) {
+    const ContainerArgs c = container_args(out);
+    const bool twell = out.format == TW_FORMAT_TWELL;
+    if (out.rows == 0) {  // an empty container still has a record / backup count, which must read 0
+        const size_t at_bytes = twell ? out.twell.overflow_offset_words() * 4 : out.hybrid.backup_count;
+        check(cudaMemsetAsync(static_cast<uint8_t *>(out.buffer) + at_bytes, 0, 4, stream), "cudaMemsetAsync");
+        return;
+    }
+    auto *flags = scratch.take<int32_t>(static_cast<size_t>(out.rows));
+    if (twell)
+        twell_from_entries<<<row_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(in.lists, c, flags);
+    else
+        hybrid_from_entries<<<row_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(in.lists, c, flags);
+    check_launch("container from entries");
+    assign_overflow_slots(stream, flags, out);
+    if (!twell) {
+        hybrid_backup_from_entries<<<static_cast<unsigned>(out.rows), 256, 0, stream>>>(in.lists, c, flags);
+        check_launch("hybrid_backup_from_entries");
+    }
+}
+
+size_t dense_bytes_of(const twDnMatDescr &d) {
+    const bool row = d.order == TW_ORDER_ROW;
+    return static_cast<size_t>(row ? d.cols : d.rows) * elem_bytes(d.type);
+}
+
+/// The check of one item found on the device did not fail on the host: the kernels and
+/// container_checks.cpp disagree.
+[[noreturn]] void checks_disagree(const char *what) {
+    fail(TW_STATUS_INTERNAL_ERROR, "twSpMatValidate: the device flagged %s that the host check accepts", what);
+}
+
+}  // namespace
+
+ContainerOps::ContainerOps() : result_(sizeof(InspectResult)) {}
+
+twSpMatInfo_t ContainerOps::info(cudaStream_t stream, const twSpMatDescr &s) {
+    require_device_accessible(s.buffer, "descr");
+    const InspectResult init{0, 0, 0, kNoItem, kNoItem, 0};
+    auto *res = result_.get<InspectResult>();
+    check(cudaMemcpyAsync(res, &init, sizeof init, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    container_info<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(container_args(s), s.format == TW_FORMAT_TWELL,
+                                                                         res);
+    check_launch("container_info");
+    InspectResult r{};
+    read_back(stream, &r, res, sizeof r);
+    return {static_cast<int64_t>(r.nnz), r.max_row, r.header, 0};
+}
+
+InspectResult ContainerOps::run_validation(cudaStream_t stream, const twSpMatDescr &s) {
+    const InspectResult init{0, 0, 0, kNoItem, kNoItem, 0};
+    auto *res = result_.get<InspectResult>();
+    check(cudaMemcpyAsync(res, &init, sizeof init, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    const ContainerArgs c = container_args(s);
+    const bool twell = s.format == TW_FORMAT_TWELL;
+    // the record entries / backup slots: at most one per row
+    if (twell)
+        twell_check_record<<<flat_blocks(s.rows), 256, 0, stream>>>(c, res);
+    else
+        hybrid_check_slots<<<flat_blocks(std::min(s.rows, s.hybrid.backup_rows)), 256, 0, stream>>>(c, res);
+    check_launch("container record check");
+    if (s.rows > 0) {
+        if (twell)
+            twell_check_rows<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(c, res);
+        else
+            hybrid_check_rows<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(c, res);
+        check_launch("container row check");
+    }
+    InspectResult r{};
+    read_back(stream, &r, res, sizeof r);
+    return r;
+}
+
+void ContainerOps::validate(cudaStream_t stream, const twSpMatDescr &s, const char *name) { (void)checked(stream, s, name); }
+
+InspectResult ContainerOps::checked(cudaStream_t stream, const twSpMatDescr &s, const char *name) {
+    require_device_accessible(s.buffer, name);
+    const InspectResult r = run_validation(stream, s);
+    const auto *base = static_cast<const uint8_t *>(s.buffer);
+    std::vector<uint8_t> seen(static_cast<size_t>(std::max<int64_t>(s.cols, 1)), 0);
+    if (s.format == TW_FORMAT_TWELL) {
+        const TwellLayout &l = s.twell;
+        const size_t record = l.overflow_offset_words() * 4;
+        checks::twell_record_count(l, name, r.header);
+        if (r.first_item != kNoItem) {
+            const int64_t i = static_cast<int64_t>(r.first_item);
+            const auto id = read_one<uint32_t>(stream, base, record + 4 * (1 + i));
+            const auto previous = i > 0 ? read_one<uint32_t>(stream, base, record + 4 * i) : 0u;
+            checks::twell_record_entry(l, name, i, id, previous);
+            checks_disagree("a record entry");
+        }
+        if (r.first_row != kNoItem) {
+            const int64_t row = static_cast<int64_t>(r.first_row >> 1);
+            std::vector<uint32_t> words(static_cast<size_t>(l.ld));
+            read_back(stream, words.data(), base + l.block(row, 0) * 4, words.size() * 4);
+            checks::twell_row(l, name, row, words.data(), (r.first_row & 1) != 0, seen);
+            checks_disagree("a row");
+        }
+        return r;
+    }
+    const HybridLayout &l = s.hybrid;
+    const int64_t needed = r.header;
+    checks::hybrid_backup_count(l, name, needed);
+    if (r.first_item != kNoItem) {
+        const int64_t slot = static_cast<int64_t>(r.first_item);
+        const int64_t id = read_one<int32_t>(stream, base, l.backup_row_ids + 4 * slot);
+        const int64_t map = id >= 0 && id < l.rows ? read_one<int32_t>(stream, base, l.backup_map + 4 * id) : -1;
+        checks::hybrid_slot(l, name, slot, id, map);
+        checks_disagree("a backup slot");
+    }
+    if (r.first_row != kNoItem) {
+        const int64_t row = static_cast<int64_t>(r.first_row >> 1);
+        checks::HybridRow h;
+        h.nnz = read_one<int32_t>(stream, base, l.row_nnz + 4 * row);
+        h.slot = read_one<int32_t>(stream, base, l.backup_map + 4 * row);
+        std::vector<uint16_t> cols(static_cast<size_t>(l.ell_width));
+        read_back(stream, cols.data(), base + l.ell_cols + 2 * static_cast<size_t>(row * l.ell_width), cols.size() * 2);
+        h.ell_cols = cols.data();
+        if (h.nnz > l.ell_width && h.nnz <= l.cols && h.slot >= 0 && h.slot < std::min(needed, l.backup_rows)) {
+            h.slot_row_id = read_one<int32_t>(stream, base, l.backup_row_ids + 4 * h.slot);
+            std::vector<uint8_t> dense(static_cast<size_t>(l.cols) * l.value_bytes);
+            read_back(stream, dense.data(), base + l.backup_vals + static_cast<size_t>(h.slot * l.cols) * l.value_bytes,
+                      dense.size());
+            for (size_t c = 0; c < static_cast<size_t>(l.cols); ++c) {
+                uint32_t bits = 0;
+                std::copy_n(dense.data() + c * l.value_bytes, l.value_bytes, reinterpret_cast<uint8_t *>(&bits));
+                h.backup_nonzeros += bits != 0;
+            }
+        }
+        checks::hybrid_row(l, name, row, h, needed, seen);
+        checks_disagree("a row");
+    }
+    checks::hybrid_total(name, needed, static_cast<int64_t>(r.over));
+    return r;
+}
+
+void ContainerOps::require_complete(cudaStream_t stream, const twSpMatDescr &in) {
+    const InspectResult r = checked(stream, in, "in");
+    const int64_t lost = in.format == TW_FORMAT_TWELL ? r.header : std::max<int64_t>(0, r.header - in.hybrid.backup_rows);
+    checks::complete_input("in", lost);
+}
+
+twStatus_t ContainerOps::dense_to_sparse_analysis(cudaStream_t stream, const twDnMatDescr &in, const twSpMatDescr &out,
+                                                  twConvertOp_t op) {
+    require_device_accessible(in.values, "in");
+    auto *misses = result_.get<unsigned long long>();
+    check(cudaMemsetAsync(misses, 0, sizeof *misses, stream), "cudaMemsetAsync");
+    if (in.rows > 0 && in.cols > 0) {
+        count_compact_misses<<<row_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(
+            matrix_arg(in), op, container_args(out), out.format == TW_FORMAT_TWELL, misses);
+        check_launch("count_compact_misses");
+    }
+    unsigned long long n = 0;
+    read_back(stream, &n, misses, sizeof n);
+    checks::dense_to_sparse_capacity(out, static_cast<int64_t>(n));
+    return TW_STATUS_SUCCESS;
+}
+
+twStatus_t ContainerOps::capacity_status(cudaStream_t stream, const twSpMatDescr &out) {
+    const size_t at = out.format == TW_FORMAT_TWELL ? out.twell.overflow_offset_words() * 4 : out.hybrid.backup_count;
+    const int64_t needed = read_one<int32_t>(stream, static_cast<const uint8_t *>(out.buffer), at);
+    const int64_t lost = out.format == TW_FORMAT_TWELL ? static_cast<int64_t>(static_cast<uint32_t>(needed))
+                                                       : std::max<int64_t>(0, needed - out.hybrid.backup_rows);
+    if (lost > 0)
+        fail(TW_STATUS_CAPACITY_EXCEEDED, "out: %lld rows do not fit the container (recorded in it; see twSpMatGetInfo)",
+             static_cast<long long>(lost));
+    return TW_STATUS_SUCCESS;
+}
+
+twStatus_t ContainerOps::sparse_to_dense(cudaStream_t stream, const twSpMatDescr &in, const twDnMatDescr &out) {
+    require_device_accessible(out.values, "out");
+    require_complete(stream, in);
+    if (out.empty()) return TW_STATUS_SUCCESS;
+    const bool row = out.order == TW_ORDER_ROW;
+    check(cudaMemset2DAsync(out.values, static_cast<size_t>(out.ld) * elem_bytes(out.type), 0, dense_bytes_of(out),
+                            static_cast<size_t>(row ? out.rows : out.cols), stream),
+          "cudaMemset2DAsync");
+    scatter_to_dense<<<row_blocks(in.rows), 32 * kWarpsPerBlock, 0, stream>>>(container_args(in),
+                                                                             in.format == TW_FORMAT_TWELL, matrix_arg(out));
+    check_launch("scatter_to_dense");
+    return TW_STATUS_SUCCESS;
+}
+
+twStatus_t ContainerOps::sparse_convert(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out) {
+    require_device_accessible(out.buffer, "out");
+    require_complete(stream, in);
+    StreamScratch scratch(stream);
+    write_lists(stream, scratch, read_lists(stream, scratch, in), out);
+    return capacity_status(stream, out);
+}
+
+twStatus_t ContainerOps::sparse_transpose(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out) {
+    require_device_accessible(out.buffer, "out");
+    require_complete(stream, in);
+    StreamScratch scratch(stream);
+    write_lists(stream, scratch, transpose_lists(stream, scratch, read_lists(stream, scratch, in), in.cols), out);
+    return capacity_status(stream, out);
+}
+
+}  // namespace twblas::cuda

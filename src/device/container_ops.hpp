@@ -1,0 +1,45 @@
+// Inspection and conversions of TwELL / hybrid containers on the device: twSpMatGetInfo,
+// twSpMatValidate, the dense -> sparse analysis, sparse -> dense, re-packing and the transpose.
+// These are setup calls whose contract returns a result to the host (counts, a validation
+// verdict, CAPACITY_EXCEEDED, INCOMPLETE_INPUT): each runs its kernels on the handle's stream
+// and reads back only the bytes that decide it (and, for a failed validation, the one row or
+// record entry that the message describes). No matrix is ever copied to the host. The sparse ->
+// sparse conversions take temporary device memory for their sorted entry lists, stream-ordered
+// (cudaMallocAsync), since their API has no workspace.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/device_buffer.hpp"
+#include "host/objects.hpp"
+
+namespace twblas::cuda {
+
+struct InspectResult;
+
+class ContainerOps {
+  public:
+    ContainerOps();
+    twSpMatInfo_t info(cudaStream_t stream, const twSpMatDescr &s);
+    /// Throws INVALID_VALUE with the reference's message for the first violation, naming `name`.
+    void validate(cudaStream_t stream, const twSpMatDescr &s, const char *name);
+    /// The reference's capacity verdict on `in` (op), counted on the device.
+    twStatus_t dense_to_sparse_analysis(cudaStream_t stream, const twDnMatDescr &in, const twSpMatDescr &out,
+                                        twConvertOp_t op);
+    /// After a device conversion into `out`: CAPACITY_EXCEEDED when its record or backup count
+    /// says rows did not fit (reads 4 bytes back: synchronises).
+    twStatus_t capacity_status(cudaStream_t stream, const twSpMatDescr &out);
+    twStatus_t sparse_to_dense(cudaStream_t stream, const twSpMatDescr &in, const twDnMatDescr &out);
+    twStatus_t sparse_convert(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out);
+    twStatus_t sparse_transpose(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out);
+
+  private:
+    /// Validates `in` and refuses one that records rows it could not hold (INCOMPLETE_INPUT).
+    void require_complete(cudaStream_t stream, const twSpMatDescr &in);
+    /// validate(), returning what the device found (the record / backup count included).
+    InspectResult checked(cudaStream_t stream, const twSpMatDescr &s, const char *name);
+    InspectResult run_validation(cudaStream_t stream, const twSpMatDescr &s);
+    DeviceBuffer result_;  // one InspectResult, reused by every call (they synchronise)
+};
+
+}  // namespace twblas::cuda

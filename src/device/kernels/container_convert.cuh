@@ -1,0 +1,302 @@
+// Conversions between containers on the device. A sparse input is first read into sorted entry
+// lists (rows of (column, bits), ascending columns: the order the reference's reader gives), and
+// an output container is written from such lists, so that every sparse -> sparse operation
+// (re-pack, transpose) is "read lists, maybe transpose them, write lists" and stores the
+// reference's bits. Sparse -> dense scatters the entries straight into a zeroed matrix. Inputs
+// are validated and complete before any of these run (container_ops.cu).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/container_args.cuh"
+
+namespace twblas::cuda {
+
+/// Rows of entries sorted by column: row r is [ptr[r], ptr[r + 1]).
+struct EntryLists {
+    const int64_t *ptr;
+    int32_t *cols;
+    uint32_t *bits;
+};
+
+__device__ inline int64_t warp_row() { return static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; }
+
+__device__ inline const uint32_t *twell_row_words(const ContainerArgs &c, int64_t row) {
+    return reinterpret_cast<const uint32_t *>(c.base) + row * c.ld;
+}
+__device__ inline int64_t twell_tiles(const ContainerArgs &c) { return (c.cols + c.tile - 1) / c.tile; }
+
+/// Stored bits of ELL entry i of a hybrid row, and the row's backup values.
+__device__ inline uint32_t ell_bits(const ContainerArgs &c, int64_t row, int64_t i) {
+    return load_raw(c.base + c.ell_vals, row * c.ell_width + i, static_cast<int>(c.value_bytes));
+}
+__device__ inline const uint8_t *backup_row(const ContainerArgs &c, int64_t slot) {
+    return c.base + c.backup_vals + static_cast<size_t>(slot * c.cols) * c.value_bytes;
+}
+
+__device__ inline void store_raw(const MatrixArg &m, int64_t r, int64_t c, uint32_t bits) {
+    const int64_t i = r * m.rs + c * m.cs;
+    if (m.type == TW_R_32F)
+        static_cast<uint32_t *>(m.ptr)[i] = bits;
+    else
+        static_cast<uint16_t *>(m.ptr)[i] = static_cast<uint16_t>(bits);
+}
+
+// ---- sparse -> dense: the output is zeroed first; each warp writes one row's values
+
+__global__ void scatter_to_dense(ContainerArgs in, bool twell, MatrixArg out) {
+    const int64_t row = warp_row();
+    if (row >= in.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    if (twell) {
+        const uint32_t *words = twell_row_words(in, row);
+        for (int64_t t = lane; t < twell_tiles(in); t += 32) {
+            const uint32_t *block = words + t * in.words_per_block;
+            const int count = min(static_cast<int>(block[0] & kTwellCountMask), in.slots);
+            for (int i = 0; i < count; ++i) {
+                const uint32_t e = block[1 + i];
+                if (e >> 16) store_raw(out, row, e & 0xffffu, e >> 16);
+            }
+        }
+        return;
+    }
+    const int64_t n = at<const int32_t>(in, in.row_nnz)[row];
+    if (n <= in.ell_width) {
+        const uint16_t *cols = at<const uint16_t>(in, in.ell_cols) + row * in.ell_width;
+        for (int64_t i = lane; i < n; i += 32) {
+            const uint32_t b = ell_bits(in, row, i);
+            if (b) store_raw(out, row, cols[i], b);
+        }
+        return;
+    }
+    const uint8_t *dense = backup_row(in, at<const int32_t>(in, in.backup_map)[row]);
+    for (int64_t c = lane; c < in.cols; c += 32) {
+        const uint32_t b = load_raw(dense, c, static_cast<int>(in.value_bytes));
+        if (b) store_raw(out, row, c, b);
+    }
+}
+
+// ---- container -> entry lists
+
+/// Number of entries of each row (stored +0 entries are no value, as in the reference's reader).
+__global__ void count_row_entries(ContainerArgs in, bool twell, int64_t *counts) {
+    const int64_t row = warp_row();
+    if (row >= in.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    long long n = 0;
+    if (twell) {
+        const uint32_t *words = twell_row_words(in, row);
+        for (int64_t t = lane; t < twell_tiles(in); t += 32) {
+            const uint32_t *block = words + t * in.words_per_block;
+            const int count = min(static_cast<int>(block[0] & kTwellCountMask), in.slots);
+            for (int i = 0; i < count; ++i) n += (block[1 + i] >> 16) != 0;
+        }
+    } else {
+        const int64_t nnz = at<const int32_t>(in, in.row_nnz)[row];
+        if (nnz <= in.ell_width) {
+            for (int64_t i = lane; i < nnz; i += 32) n += ell_bits(in, row, i) != 0;
+        } else {
+            const uint8_t *dense = backup_row(in, at<const int32_t>(in, in.backup_map)[row]);
+            for (int64_t c = lane; c < in.cols; c += 32) n += load_raw(dense, c, static_cast<int>(in.value_bytes)) != 0;
+        }
+    }
+    n = warp_sum(n);
+    if (lane == 0) counts[row] = n;
+}
+
+/// Each row's entries at out.ptr[row], sorted by column. Inside a TwELL block or an ELL row the
+/// order is free, so each entry's place is its rank among the valued entries there.
+__global__ void fill_row_entries(ContainerArgs in, bool twell, EntryLists out) {
+    const int64_t row = warp_row();
+    if (row >= in.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    int64_t at_pos = out.ptr[row];
+    if (twell) {
+        const uint32_t *words = twell_row_words(in, row);
+        const int64_t tiles = twell_tiles(in);
+        for (int64_t t0 = 0; t0 < tiles; t0 += 32) {  // 32 tiles per round, one per lane
+            const int64_t t = t0 + lane;
+            const uint32_t *block = words + t * in.words_per_block;
+            const int count = t < tiles ? min(static_cast<int>(block[0] & kTwellCountMask), in.slots) : 0;
+            int valued = 0;
+            for (int i = 0; i < count; ++i) valued += (block[1 + i] >> 16) != 0;
+            const int incl = warp_scan_incl(valued);
+            for (int i = 0; i < count; ++i) {
+                const uint32_t e = block[1 + i];
+                if (!(e >> 16)) continue;
+                int rank = 0;
+                for (int j = 0; j < count; ++j) rank += (block[1 + j] >> 16) != 0 && (block[1 + j] & 0xffffu) < (e & 0xffffu);
+                out.cols[at_pos + incl - valued + rank] = static_cast<int32_t>(e & 0xffffu);
+                out.bits[at_pos + incl - valued + rank] = e >> 16;
+            }
+            at_pos += __shfl_sync(kFullMask, incl, 31);
+        }
+        return;
+    }
+    const int64_t nnz = at<const int32_t>(in, in.row_nnz)[row];
+    if (nnz <= in.ell_width) {
+        const uint16_t *cols = at<const uint16_t>(in, in.ell_cols) + row * in.ell_width;
+        for (int64_t i = lane; i < nnz; i += 32) {
+            const uint32_t b = ell_bits(in, row, i);
+            if (!b) continue;
+            int64_t rank = 0;
+            for (int64_t j = 0; j < nnz; ++j) rank += cols[j] < cols[i] && ell_bits(in, row, j) != 0;
+            out.cols[at_pos + rank] = cols[i];
+            out.bits[at_pos + rank] = b;
+        }
+        return;
+    }
+    const uint8_t *dense = backup_row(in, at<const int32_t>(in, in.backup_map)[row]);
+    for (int64_t c0 = 0; c0 < in.cols; c0 += 32) {
+        const int64_t c = c0 + lane;
+        const uint32_t b = c < in.cols ? load_raw(dense, c, static_cast<int>(in.value_bytes)) : 0u;
+        const uint32_t ballot = __ballot_sync(kFullMask, b != 0);
+        if (b) {
+            const int64_t pos = at_pos + __popc(ballot & ((1u << lane) - 1u));
+            out.cols[pos] = static_cast<int32_t>(c);
+            out.bits[pos] = b;
+        }
+        at_pos += __popc(ballot);
+    }
+}
+
+// ---- transpose of entry lists: keys (columns) and payloads (row << 32 | bits) in row-major
+// order; a stable radix sort by key then gives the columns' entries in ascending row order
+
+__global__ void entries_to_pairs(EntryLists in, int64_t rows, uint16_t *keys, uint64_t *pairs) {
+    const int64_t row = warp_row();
+    if (row >= rows) return;
+    for (int64_t i = in.ptr[row] + lane_id(); i < in.ptr[row + 1]; i += 32) {
+        keys[i] = static_cast<uint16_t>(in.cols[i]);
+        pairs[i] = (static_cast<uint64_t>(row) << 32) | in.bits[i];
+    }
+}
+
+__global__ void count_keys(const uint16_t *keys, int64_t n, int64_t *counts) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        atomicAdd(reinterpret_cast<unsigned long long *>(counts + keys[i]), 1ull);
+}
+
+__global__ void pairs_to_entries(const uint64_t *pairs, int64_t n, EntryLists out) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        out.cols[i] = static_cast<int32_t>(pairs[i] >> 32);
+        out.bits[i] = static_cast<uint32_t>(pairs[i]);
+    }
+}
+
+// ---- entry lists -> container (then assign_flagged_rows, and the hybrid's backup rows)
+
+/// First index in [lo, hi) whose column is >= c.
+__device__ inline int64_t lower_bound(const int32_t *cols, int64_t lo, int64_t hi, int64_t c) {
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (cols[mid] < c) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/// TwELL, one warp per row, one lane per tile: the first S entries of each tile, the count, the
+/// overflow bit; flags[row] = 1 when a tile overflows (the record is assigned afterwards).
+__global__ void twell_from_entries(EntryLists in, ContainerArgs out, int32_t *flags) {
+    const int64_t row = warp_row();
+    if (row >= out.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    uint32_t *words = reinterpret_cast<uint32_t *>(out.base) + row * out.ld;
+    const int64_t p0 = in.ptr[row], p1 = in.ptr[row + 1];
+    bool overflow = false;
+    for (int64_t t = lane; t < twell_tiles(out); t += 32) {
+        const int64_t lo = lower_bound(in.cols, p0, p1, t * out.tile), hi = lower_bound(in.cols, lo, p1, (t + 1) * out.tile);
+        const int64_t count = hi - lo;
+        uint32_t *block = words + t * out.words_per_block;
+        const int64_t kept = min(count, static_cast<int64_t>(out.slots));
+        for (int64_t i = 0; i < kept; ++i)
+            block[1 + i] = static_cast<uint32_t>(in.cols[lo + i] & 0xffff) | (in.bits[lo + i] << 16);
+        block[0] = static_cast<uint32_t>(kept) | (count > out.slots ? kTwellOverflowBit : 0u);
+        overflow |= count > out.slots;
+    }
+    overflow = __any_sync(kFullMask, overflow);
+    if (lane == 0) flags[row] = overflow ? 1 : 0;
+}
+
+/// Hybrid ELL part, one warp per row; flags[row] = 1 for a row over the ELL width.
+__global__ void hybrid_from_entries(EntryLists in, ContainerArgs out, int32_t *flags) {
+    const int64_t row = warp_row();
+    if (row >= out.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    const int64_t p0 = in.ptr[row], n = in.ptr[row + 1] - p0;
+    if (n <= out.ell_width) {
+        uint16_t *ecols = at<uint16_t>(out, out.ell_cols) + row * out.ell_width;
+        uint8_t *evals = out.base + out.ell_vals + static_cast<size_t>(row * out.ell_width) * out.value_bytes;
+        for (int64_t i = lane; i < n; i += 32) {
+            ecols[i] = static_cast<uint16_t>(in.cols[p0 + i]);
+            if (out.value_bytes == 4)
+                reinterpret_cast<uint32_t *>(evals)[i] = in.bits[p0 + i];
+            else
+                reinterpret_cast<uint16_t *>(evals)[i] = static_cast<uint16_t>(in.bits[p0 + i]);
+        }
+    }
+    if (lane == 0) {
+        at<int32_t>(out, out.row_nnz)[row] = static_cast<int32_t>(n);
+        at<int32_t>(out, out.backup_map)[row] = -1;
+        flags[row] = n > out.ell_width ? 1 : 0;
+    }
+}
+
+/// A hybrid's backup rows (flags[row] = 2 + slot after assign_flagged_rows), one block per row:
+/// zeroed, then the row's entries.
+__global__ void hybrid_backup_from_entries(EntryLists in, ContainerArgs out, const int32_t *flags) {
+    const int64_t row = blockIdx.x;
+    const int slot = flags[row] - 2;
+    if (slot < 0) return;
+    uint8_t *dense = out.base + out.backup_vals + static_cast<size_t>(slot * out.cols) * out.value_bytes;
+    for (int64_t c = threadIdx.x; c < out.cols; c += blockDim.x) {
+        if (out.value_bytes == 4)
+            reinterpret_cast<uint32_t *>(dense)[c] = 0;
+        else
+            reinterpret_cast<uint16_t *>(dense)[c] = 0;
+    }
+    __syncthreads();
+    for (int64_t i = in.ptr[row] + threadIdx.x; i < in.ptr[row + 1]; i += blockDim.x) {
+        if (out.value_bytes == 4)
+            reinterpret_cast<uint32_t *>(dense)[in.cols[i]] = in.bits[i];
+        else
+            reinterpret_cast<uint16_t *>(dense)[in.cols[i]] = static_cast<uint16_t>(in.bits[i]);
+    }
+}
+
+// ---- dense -> sparse analysis: rows the compact part cannot hold
+
+/// One warp per row, 256 columns per step (8 per lane): a TwELL tile over S kept values, or a
+/// hybrid row over E; the count of such rows goes to *misses.
+__global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool twell,
+                                     unsigned long long *misses) {
+    const int64_t row = warp_row();
+    if (row >= out.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    const int lanes_per_tile = twell ? out.tile / 8 : 32;
+    const int first = lane & ~(lanes_per_tile - 1);
+    bool miss = false;
+    int64_t total = 0;
+    for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
+        int n = 0;
+        for (int j = 0; j < 8; ++j) {
+            const int64_t c = c0 + lane * 8 + j;
+            n += c < out.cols && keeps(container_bits(in, row, c, out.type), out.type, op);
+        }
+        const int incl = warp_scan_incl(n);
+        if (twell) {
+            const int tile_count = __shfl_sync(kFullMask, incl, first + lanes_per_tile - 1) -
+                                   (__shfl_sync(kFullMask, incl, first) - __shfl_sync(kFullMask, n, first));
+            miss |= tile_count > out.slots;
+        } else {
+            total += __shfl_sync(kFullMask, incl, 31);
+        }
+    }
+    miss = twell ? __any_sync(kFullMask, miss) : total > out.ell_width;
+    if (lane == 0 && miss) atomicAdd(misses, 1ull);
+}
+
+}  // namespace twblas::cuda

@@ -1,0 +1,177 @@
+// Inspection of TwELL and hybrid containers on the device: twSpMatGetInfo's counts and
+// twSpMatValidate's search for the first violation. The kernels only locate the first failing
+// item (record entry, backup slot, row); the host then runs that item's check from
+// src/host/container_checks.hpp on the bytes it reads back, so the message is the reference's.
+// Each kernel mirrors one of those checks: keep them in step (the CUDA tests compare verdicts and
+// messages with the reference on corrupted containers).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/container_args.cuh"
+
+namespace twblas::cuda {
+
+/// What one inspection leaves for the host (one read-back).
+struct InspectResult {
+    unsigned long long nnz;           // info: stored non-zeros
+    long long max_row;                // info: largest row count
+    long long header;                 // TwELL record count / hybrid backup count, as stored
+    unsigned long long first_item;    // validate: first failing record entry / backup slot
+    unsigned long long first_row;     // validate: (first failing row << 1) | whether the record lists it
+    unsigned long long over;          // validate (hybrid): rows over the ELL width
+};
+constexpr unsigned long long kNoItem = ~0ull;
+
+/// The count at the head of the TwELL record / the hybrid backup count, as an int64.
+__device__ inline long long container_header(const ContainerArgs &c, bool twell) {
+    return twell ? static_cast<long long>(reinterpret_cast<const uint32_t *>(c.base)[c.record])
+                 : static_cast<long long>(*at<const int32_t>(c, c.backup_count));
+}
+
+// ---- info: one warp per row
+
+__global__ void container_info(ContainerArgs c, bool twell, InspectResult *out) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = static_cast<int>(lane_id());
+    if (blockIdx.x == 0 && threadIdx.x == 0) out->header = container_header(c, twell);
+    if (row >= c.rows) return;
+    long long count = 0;  // this row's count (hybrid: row_nnz as stored), and whether it is stored
+    bool stored = true;
+    if (twell) {
+        const uint32_t *words = reinterpret_cast<const uint32_t *>(c.base) + row * c.ld;
+        const int64_t tiles = (c.cols + c.tile - 1) / c.tile;
+        for (int64_t t = lane; t < tiles; t += 32)
+            count += min(static_cast<int>(words[t * c.words_per_block] & kTwellCountMask), c.slots);
+        count = warp_sum(count);
+    } else {
+        count = at<const int32_t>(c, c.row_nnz)[row];
+        stored = count <= c.ell_width || at<const int32_t>(c, c.backup_map)[row] >= 0;
+    }
+    if (lane == 0) {
+        if (stored) atomicAdd(&out->nnz, static_cast<unsigned long long>(count));
+        atomicMax(&out->max_row, count);
+    }
+}
+
+// ---- validation, TwELL
+
+/// The record count, and entries 0 .. min(listed, rows) - 1: in range and ascending
+/// (checks::twell_record_entry).
+__global__ void twell_check_record(ContainerArgs c, InspectResult *out) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) out->header = container_header(c, true);
+    const uint32_t *record = reinterpret_cast<const uint32_t *>(c.base) + c.record;
+    const int64_t listed = min(static_cast<int64_t>(record[0]), c.rows);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < listed;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const uint32_t id = record[1 + i];
+        if (id >= c.rows || (i > 0 && id <= record[i])) atomicMin(&out->first_item, static_cast<unsigned long long>(i));
+    }
+}
+
+/// Whether the (ascending) record lists `row`: a binary search, meaningful once the record checks pass.
+__device__ inline bool twell_listed(const uint32_t *record, int64_t row, int64_t rows) {
+    int64_t lo = 0, hi = min(static_cast<int64_t>(record[0]), rows);
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (record[1 + mid] < row) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < min(static_cast<int64_t>(record[0]), rows) && record[1 + lo] == row;
+}
+
+/// One block of a row (checks::twell_row's per-tile part): false on a violation.
+__device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const ContainerArgs &c, bool &overflow) {
+    const uint32_t header = block[0];
+    if (header & ~(kTwellCountMask | kTwellOverflowBit)) return false;
+    const int count = static_cast<int>(header & kTwellCountMask);
+    if (count > c.slots) return false;
+    if ((header & kTwellOverflowBit) && count != c.slots) return false;
+    overflow |= (header & kTwellOverflowBit) != 0;
+    const int64_t lo = t * c.tile, hi = min(lo + c.tile, c.cols);
+    for (int i = 0; i < count; ++i) {
+        const int64_t col = block[1 + i] & 0xffffu;
+        if (col < lo || col >= hi) return false;
+        for (int j = 0; j < i; ++j)
+            if ((block[1 + j] & 0xffffu) == col) return false;
+    }
+    return true;
+}
+
+/// Every row, one warp each (lanes over its tiles): the first failing row.
+__global__ void twell_check_rows(ContainerArgs c, InspectResult *out) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= c.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    const uint32_t *words = reinterpret_cast<const uint32_t *>(c.base) + row * c.ld;
+    const int64_t tiles = (c.cols + c.tile - 1) / c.tile;
+    bool ok = true, overflow = false;
+    for (int64_t t = lane; t < tiles; t += 32) ok &= twell_block_ok(words + t * c.words_per_block, t, c, overflow);
+    ok = __all_sync(0xffffffffu, ok);
+    overflow = __any_sync(0xffffffffu, overflow);
+    if (lane == 0) {
+        const bool listed = twell_listed(reinterpret_cast<const uint32_t *>(c.base) + c.record, row, c.rows);
+        if (!ok || overflow != listed)
+            atomicMin(&out->first_row, (static_cast<unsigned long long>(row) << 1) | (listed ? 1u : 0u));
+    }
+}
+
+// ---- validation, hybrid
+
+/// The backup slots actually filled, bounded to the buffer whatever the stored count says.
+__device__ inline int64_t hybrid_filled_slots(const ContainerArgs &c) {
+    const long long stored = min(container_header(c, false), static_cast<long long>(c.backup_rows));
+    return stored > 0 ? stored : 0;
+}
+
+/// The backup count, and the filled slots: their row id in range and mapped back to them
+/// (checks::hybrid_slot).
+__global__ void hybrid_check_slots(ContainerArgs c, InspectResult *out) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) out->header = container_header(c, false);
+    const int64_t stored = hybrid_filled_slots(c);
+    const int32_t *ids = at<const int32_t>(c, c.backup_row_ids), *map = at<const int32_t>(c, c.backup_map);
+    for (int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < stored;
+         s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = ids[s];
+        if (r < 0 || r >= c.rows || map[r] != s) atomicMin(&out->first_item, static_cast<unsigned long long>(s));
+    }
+}
+
+/// Every row, one warp each (checks::hybrid_row): the first failing row, and the rows over E.
+__global__ void hybrid_check_rows(ContainerArgs c, InspectResult *out) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= c.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    const int64_t needed = container_header(c, false), stored = hybrid_filled_slots(c);
+    const int64_t n = at<const int32_t>(c, c.row_nnz)[row];
+    const int64_t slot = at<const int32_t>(c, c.backup_map)[row];
+    bool ok = true;
+    if (n < 0 || n > c.cols) {
+        ok = false;
+    } else if (n <= c.ell_width) {
+        const uint16_t *rc = at<const uint16_t>(c, c.ell_cols) + row * c.ell_width;
+        ok = slot == -1;
+        for (int64_t i = lane; ok && i < n; i += 32) {
+            const uint16_t col = rc[i];
+            if (col >= c.cols) ok = false;
+            for (int64_t j = 0; ok && j < i; ++j)
+                if (rc[j] == col) ok = false;
+        }
+        ok = __all_sync(0xffffffffu, ok);
+    } else {
+        if (lane == 0) atomicAdd(&out->over, 1ull);
+        if (slot == -1) {
+            ok = needed > c.backup_rows;
+        } else if (slot < 0 || slot >= stored || at<const int32_t>(c, c.backup_row_ids)[slot] != row) {
+            ok = false;
+        } else {
+            const uint8_t *dense = c.base + c.backup_vals + static_cast<size_t>(slot * c.cols) * c.value_bytes;
+            long long count = 0;
+            for (int64_t k = lane; k < c.cols; k += 32) count += load_raw(dense, k, static_cast<int>(c.value_bytes)) != 0;
+            ok = warp_sum(count) == n;
+        }
+    }
+    if (lane == 0 && !ok) atomicMin(&out->first_row, static_cast<unsigned long long>(row) << 1);
+}
+
+}  // namespace twblas::cuda
