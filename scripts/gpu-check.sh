@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine, over a build folder made here and carried along:
 #   scripts/gpu-check.sh [BUILD_DIR]       (a folder made by scripts/gpu-pack.sh, e.g. build-gpu)
-# Environment: TW_STAGES (default "tests sanitize bench demo"), TW_SUITE (bench suite, default
-# full), TW_BENCH_FILTER (Google Benchmark filter). Reports the GPU, runs every test binary
+# Environment: TW_STAGES (default "tests sanitize bench demo"), TW_TESTS (test programs, a glob,
+# default test_*), TW_SUITE (bench suite, default full), TW_BENCH_FILTER (Google Benchmark filter). Reports the GPU, runs every test binary
 # (CTest files hold this machine's absolute paths, so the binaries are run directly; the CUDA
 # ones, test_cuda_backend and test_cuda_training, exit with 77 when they find no usable GPU,
 # which counts as a failure here), the CUDA tests again under compute-sanitizer (memcheck, and
@@ -30,7 +30,7 @@ record() {  # name rc (77: a CUDA test program found no usable GPU, a failure he
 }
 
 if [[ $stages == *tests* ]]; then
-  for t in "$build"/tests/test_* "$build"/examples/ffn_example_c "$build"/examples/ffn_example_cpp; do
+  for t in "$build"/tests/${TW_TESTS:-test_*} "$build"/examples/ffn_example_c "$build"/examples/ffn_example_cpp; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
     "$t" >"$out/log.txt" 2>&1
@@ -63,6 +63,10 @@ if [[ $stages == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
     "training: small-integer*,training: deterministic*,CUDA training: a replayed CUDA graph*" \
     >"$out/racecheck-train.log" 2>&1
   rc=$?; record "racecheck test_cuda_training" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/racecheck-train.log"
+  # conversions: all but the million-row case (minutes under the tool)
+  t="$build/tests/test_cuda_conversions"
+  compute-sanitizer --tool memcheck --error-exitcode 1 "$t" "~[large]" >"$out/memcheck-conv.log" 2>&1
+  rc=$?; record "memcheck test_cuda_conversions" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/memcheck-conv.log"
 fi
 
 if [[ $stages == *bench* ]]; then

@@ -100,6 +100,24 @@ class Buffers {
         return {};
     }
 
+    /// Overwrites the buffer of a container made by twell() or hybrid() with `w` (its words).
+    void write_words(twSpMatDescr_t s, const std::vector<uint32_t> &w) {
+        for (const Container &c : sparse_)
+            if (c.d == s) {
+                REQUIRE(w.size() * 4 == c.bytes);
+#if defined(TWTEST_BACKEND_CUDA)
+                if (device_) {
+                    synchronize();
+                    twblas::testing::cuda_check(cudaMemcpy(c.buffer, w.data(), c.bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+                    return;
+                }
+#endif
+                std::memcpy(c.buffer, w.data(), c.bytes);
+                return;
+            }
+        FAIL("not a container of these Buffers");
+    }
+
     /// `count` values of type T at `p` (memory of this backend), after waiting for the backend.
     template <class T> std::vector<T> read(const void *p, size_t count) {
         std::vector<T> out(count);

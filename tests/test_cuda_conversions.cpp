@@ -1,0 +1,312 @@
+// The CUDA backend's inspection and conversions (src/device/container_ops.cu) against the CPU
+// reference: the same statuses and messages, the same container bits wherever the format gives
+// them a meaning, the same dense values. Then validation of corrupted containers (verdict and
+// message from the device search must be the reference's), and matrices of a million rows for
+// every tile width and compression, checked by round trips on the GPU.
+#include <cstring>
+#include <string>
+
+#include "backend_support.hpp"
+#include "host/formats.hpp"
+
+using namespace twtest;
+
+namespace {
+
+/// A container: TwELL(tile, compression) or hybrid(ELL width, backup rows).
+struct Spec {
+    bool twell;
+    int32_t a;
+    int64_t b;
+};
+
+twSpMatDescr_t make(Buffers &buf, const Spec &s, int64_t rows, int64_t cols, twDataType_t t) {
+    return s.twell ? buf.twell(rows, cols, t, s.a, static_cast<int32_t>(s.b)) : buf.hybrid(rows, cols, s.a, s.b, t);
+}
+
+/// A call's status and, when it failed, its message.
+struct Outcome {
+    twStatus_t status = TW_STATUS_SUCCESS;
+    std::string message;
+    bool operator==(const Outcome &o) const { return status == o.status && message == o.message; }
+};
+std::ostream &operator<<(std::ostream &os, const Outcome &o) { return os << twGetStatusName(o.status) << " " << o.message; }
+Outcome outcome(twHandle_t h, twStatus_t s) { return {s, s == TW_STATUS_SUCCESS ? "" : twGetErrorMessage(h)}; }
+
+/// The words of a container that carry meaning (docs/formats.md): block headers and their first
+/// `count` entries, the record; row counts, maps, the first `n` ELL entries of each row, the
+/// backup count, ids and filled backup rows. Slots past a count are free and not compared.
+std::vector<uint32_t> meaningful(const std::vector<uint32_t> &w, const Spec &s, int64_t rows, int64_t cols, twDataType_t t) {
+    std::vector<uint32_t> out;
+    if (s.twell) {
+        const twblas::TwellLayout l = twblas::TwellLayout::make(rows, cols, s.a, static_cast<int32_t>(s.b));
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t tile = 0; tile < l.tiles; ++tile) {
+                const size_t at = l.block(r, tile);
+                const int64_t count = std::min<int64_t>(w[at] & twblas::kTwellCountMask, l.slots);
+                out.insert(out.end(), w.begin() + at, w.begin() + at + 1 + count);
+            }
+        const size_t rec = l.overflow_offset_words();
+        const int64_t listed = std::min<int64_t>(w[rec], rows);
+        out.insert(out.end(), w.begin() + rec, w.begin() + rec + 1 + listed);
+        return out;
+    }
+    const size_t vb = t == TW_R_32F ? 4 : 2;
+    const twblas::HybridLayout l = twblas::HybridLayout::make(rows, cols, s.a, s.b, vb);
+    const auto *base = reinterpret_cast<const uint8_t *>(w.data());
+    auto i32 = [&](size_t off, int64_t i) { return reinterpret_cast<const int32_t *>(base + off)[i]; };
+    auto val = [&](size_t off, int64_t i) -> uint32_t {
+        return vb == 4 ? reinterpret_cast<const uint32_t *>(base + off)[i] : reinterpret_cast<const uint16_t *>(base + off)[i];
+    };
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t n = i32(l.row_nnz, r);
+        out.push_back(static_cast<uint32_t>(n));
+        out.push_back(static_cast<uint32_t>(i32(l.backup_map, r)));
+        if (n <= l.ell_width)
+            for (int64_t i = 0; i < n; ++i) {
+                out.push_back(reinterpret_cast<const uint16_t *>(base + l.ell_cols)[r * l.ell_width + i]);
+                out.push_back(val(l.ell_vals, r * l.ell_width + i));
+            }
+    }
+    const int64_t needed = i32(l.backup_count, 0);
+    out.push_back(static_cast<uint32_t>(needed));
+    for (int64_t slot = 0; slot < std::min(needed, l.backup_rows); ++slot) {
+        out.push_back(static_cast<uint32_t>(i32(l.backup_row_ids, slot)));
+        for (int64_t c = 0; c < cols; ++c) out.push_back(val(l.backup_vals, slot * cols + c));
+    }
+    return out;
+}
+
+/// A random dense matrix: about `density` non-zeros (with -0.0 and NaN patterns), and every
+/// `heavy`-th row (when heavy > 0) mostly non-zero.
+Dense random_dense(int64_t rows, int64_t cols, twDataType_t t, double density, int64_t heavy, uint64_t seed) {
+    Dense d(rows, cols, t);
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> u01(0.0, 1.0);
+    std::normal_distribution<float> n01;
+    for (int64_t r = 0; r < rows; ++r) {
+        const double p = heavy > 0 && r % heavy == heavy - 1 ? 0.8 : density;
+        for (int64_t c = 0; c < cols; ++c) {
+            float v = u01(rng) < p ? n01(rng) : 0.0f;
+            const double special = u01(rng);
+            if (special < 0.002) v = -0.0f;
+            else if (special < 0.003) v = NAN;
+            d.set(r, c, v);
+        }
+    }
+    return d;
+}
+
+/// One backend's run of every conversion on the same inputs.
+struct Run {
+    Outcome analysis, convert, validate, to_dense, repack, transpose;
+    twSpMatInfo_t info{};
+    std::vector<uint32_t> container, repacked, transposed;  // meaningful words
+    std::vector<uint32_t> dense;                           // twSparseToDense's bits (when it succeeded)
+};
+
+Run run_all(twBackend_t backend, const Dense &in, const Spec &spec, twConvertOp_t op, const Spec &other,
+            const Spec *transpose_spec) {
+    Handle h(backend);
+    Buffers buf(backend);
+    Run out;
+    const twDnMatDescr_t din = buf.input(in);
+    const twSpMatDescr_t s = make(buf, spec, in.rows, in.cols, in.type);
+    size_t bytes = 0;
+    TW_REQUIRE_OK(h, twDenseToSparse_bufferSize(h, din, s, op, &bytes));
+    void *ws = buf.memory(bytes);
+    out.analysis = outcome(h, twDenseToSparse_analysis(h, din, s, op, ws));
+    out.convert = outcome(h, twDenseToSparse_convert(h, din, s, op, ws));
+    out.container = meaningful(buf.words(s), spec, in.rows, in.cols, in.type);
+    out.info = info_of(h, s);
+    out.validate = outcome(h, twSpMatValidate(h, s));
+
+    Dense back(in.rows, in.cols, in.type);
+    back.poison();
+    Buffers local(backend);
+    out.to_dense = outcome(h, twSparseToDense(h, s, local.output(back)));
+    local.fetch();
+    for (int64_t r = 0; r < back.rows; ++r)
+        for (int64_t c = 0; c < back.cols; ++c) out.dense.push_back(back.bits(r, c));
+
+    const twSpMatDescr_t o = make(buf, other, in.rows, in.cols, in.type);
+    out.repack = outcome(h, twSparseConvert(h, s, o));
+    if (out.repack.status != TW_STATUS_INCOMPLETE_INPUT)
+        out.repacked = meaningful(buf.words(o), other, in.rows, in.cols, in.type);
+    if (transpose_spec) {
+        const twSpMatDescr_t tr = make(buf, *transpose_spec, in.cols, in.rows, in.type);
+        out.transpose = outcome(h, twSparseTranspose(h, s, tr));
+        if (out.transpose.status != TW_STATUS_INCOMPLETE_INPUT)
+            out.transposed = meaningful(buf.words(tr), *transpose_spec, in.cols, in.rows, in.type);
+    }
+    return out;
+}
+
+void require_same(const Run &gpu, const Run &cpu) {
+    CHECK(gpu.analysis == cpu.analysis);
+    CHECK(gpu.convert == cpu.convert);
+    CHECK(gpu.validate == cpu.validate);
+    CHECK(gpu.info.nnz == cpu.info.nnz);
+    CHECK(gpu.info.maxRowNnz == cpu.info.maxRowNnz);
+    CHECK(gpu.info.overflowRows == cpu.info.overflowRows);
+    CHECK(gpu.to_dense == cpu.to_dense);
+    CHECK(gpu.repack == cpu.repack);
+    CHECK(gpu.transpose == cpu.transpose);
+    REQUIRE(gpu.container == cpu.container);
+    REQUIRE(gpu.dense == cpu.dense);  // poison where the call refused: the output stayed untouched
+    REQUIRE(gpu.repacked == cpu.repacked);
+    REQUIRE(gpu.transposed == cpu.transposed);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA conversions: statuses, messages and bits of the reference", "[cuda][conversions]") {
+    struct Shape {
+        int64_t rows, cols, heavy;
+    };
+    const Shape shapes[] = {{1, 1, 0}, {7, 257, 3}, {333, 1000, 50}, {1000, 300, 0}, {2049, 5632, 400}, {0, 40, 0}};
+    uint64_t seed = 11;
+    for (const Shape &sh : shapes)
+        for (twDataType_t t : {TW_R_16BF, TW_R_16F, TW_R_32F})
+            for (const Spec &spec : {Spec{true, 64, 2}, Spec{true, 128, 4}, Spec{true, 256, 8}, Spec{false, 16, sh.rows / 4 + 1},
+                                     Spec{false, 64, 2}}) {
+                if (spec.twell && t == TW_R_32F) continue;  // TwELL holds 16-bit values
+                const twConvertOp_t op = seed % 2 ? TW_CONVERT_RELU : TW_CONVERT_PLAIN;
+                DYNAMIC_SECTION("rows " << sh.rows << " cols " << sh.cols << " type " << t << (spec.twell ? " TwELL " : " hybrid ")
+                                        << spec.a << "/" << spec.b << " op " << op) {
+                    const Dense in = random_dense(sh.rows, sh.cols, t, 0.03, sh.heavy, ++seed);
+                    // the re-packed container: the other format, all rows backed up
+                    const Spec other = spec.twell || t == TW_R_32F ? Spec{false, 8, sh.rows} : Spec{true, 128, 2};
+                    const Spec transposed{false, 12, sh.cols / 8 + 1};
+                    const Spec *tr = sh.rows > 0 ? &transposed : nullptr;
+                    const Run cpu = run_all(TW_BACKEND_CPU, in, spec, op, other, tr);
+                    const Run gpu = run_all(TW_BACKEND_CUDA, in, spec, op, other, tr);
+                    require_same(gpu, cpu);
+                }
+            }
+}
+
+TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and message", "[cuda][conversions]") {
+    for (const Spec &spec : {Spec{true, 64, 4}, Spec{false, 16, 6}}) {
+        const int64_t rows = 300, cols = 1000;
+        const Dense in = random_dense(rows, cols, TW_R_16BF, 0.01, 37, 5);
+        Handle hc(TW_BACKEND_CPU), hg(TW_BACKEND_CUDA);
+        Buffers bc(TW_BACKEND_CPU), bg(TW_BACKEND_CUDA);
+        const twSpMatDescr_t sc = make(bc, spec, rows, cols, TW_R_16BF), sg = make(bg, spec, rows, cols, TW_R_16BF);
+        size_t bytes = 0;
+        const twDnMatDescr_t din = bc.input(in);
+        REQUIRE(twDenseToSparse_bufferSize(hc, din, sc, TW_CONVERT_PLAIN, &bytes) == TW_STATUS_SUCCESS);
+        void *ws = bc.memory(bytes);
+        (void)twDenseToSparse_analysis(hc, din, sc, TW_CONVERT_PLAIN, ws);
+        (void)twDenseToSparse_convert(hc, din, sc, TW_CONVERT_PLAIN, ws);
+        const std::vector<uint32_t> valid = bc.words(sc);
+        const twblas::TwellLayout tl = twblas::TwellLayout::make(spec.twell ? rows : 0, cols, 64, 4);
+        const twblas::HybridLayout hl = twblas::HybridLayout::make(rows, cols, 16, 6, 2);
+        std::mt19937_64 rng(99);
+        int failures = 0;
+        for (int trial = 0; trial < 600; ++trial) {
+            std::vector<uint32_t> w = valid;
+            // one word changed: anywhere, or where the invariants live (headers, record, counts, maps)
+            size_t at = rng() % w.size();
+            if (trial % 3 == 1) {
+                at = spec.twell ? tl.block(static_cast<int64_t>(rng() % rows), static_cast<int64_t>(rng() % tl.tiles)) + (rng() % 3)
+                                : (std::vector<size_t>{hl.row_nnz, hl.backup_map, hl.ell_cols, hl.backup_row_ids}[rng() % 4]) / 4 +
+                                      rng() % rows;
+            } else if (trial % 3 == 2) {
+                at = spec.twell ? tl.overflow_offset_words() + rng() % 8 : hl.backup_count / 4 + (rng() % 2) * (hl.backup_row_ids / 4 - hl.backup_count / 4) + rng() % 4;
+            }
+            at = std::min(at, w.size() - 1);
+            switch (rng() % 4) {
+            case 0: w[at] ^= 1u << (rng() % 32); break;
+            case 1: w[at] = static_cast<uint32_t>(rng()); break;
+            case 2: w[at] += 1; break;
+            default: w[at] -= 1; break;
+            }
+            bc.write_words(sc, w);
+            bg.write_words(sg, w);
+            const Outcome vc = outcome(hc, twSpMatValidate(hc, sc)), vg = outcome(hg, twSpMatValidate(hg, sg));
+            INFO("trial " << trial << " word " << at);
+            REQUIRE(vg == vc);
+            failures += vc.status != TW_STATUS_SUCCESS;
+            const twSpMatInfo_t ic = info_of(hc, sc), ig = info_of(hg, sg);
+            CHECK(ig.nnz == ic.nnz);
+            CHECK(ig.maxRowNnz == ic.maxRowNnz);
+            CHECK(ig.overflowRows == ic.overflowRows);
+        }
+        INFO("corruptions the validation refused: " << failures);
+        CHECK(failures > 300);  // most changes break an invariant; the rest touch free slots
+    }
+}
+
+namespace {
+
+/// A cheap deterministic pattern for very large matrices: about 1 in `every` elements non-zero.
+uint16_t big_value(uint64_t i, uint64_t every) {
+    uint64_t z = i + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return z % every ? 0 : static_cast<uint16_t>(0x3f80u + (z >> 40) % 0x7f);  // positive bf16 in [1, 2)
+}
+
+}  // namespace
+
+TEST_CASE("CUDA conversions: a million rows, every tile width and compression", "[cuda][conversions][large]") {
+    const int64_t rows = 1 << 20, cols = 2053;
+    Dense in(rows, cols, TW_R_16BF);
+    auto *v = reinterpret_cast<uint16_t *>(in.storage.data());
+    for (int64_t i = 0; i < rows * cols; ++i) v[i] = big_value(static_cast<uint64_t>(i), 97);
+    // non-zeros per (row, 64-column tile), from which every tile width's counts follow
+    const int64_t tiles64 = (cols + 63) / 64;
+    std::vector<uint8_t> per64(static_cast<size_t>(rows * tiles64), 0);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) per64[static_cast<size_t>(r * tiles64 + c / 64)] += v[r * cols + c] != 0;
+    Handle h(TW_BACKEND_CUDA);
+    Buffers buf(TW_BACKEND_CUDA);
+    const twDnMatDescr_t din = buf.input(in);
+    for (const int32_t tile : {64, 128, 256})
+        for (const int32_t comp : {2, 4, 8}) {
+            DYNAMIC_SECTION("T " << tile << " C " << comp) {
+                const twblas::TwellLayout l = twblas::TwellLayout::make(rows, cols, tile, comp);
+                int64_t nnz = 0, over_rows = 0;
+                for (int64_t r = 0; r < rows; ++r) {
+                    bool over = false;
+                    for (int64_t t = 0; t < l.tiles; ++t) {
+                        int64_t n = 0;
+                        for (int64_t q = t * tile / 64; q < std::min(tiles64, (t + 1) * tile / 64); ++q)
+                            n += per64[static_cast<size_t>(r * tiles64 + q)];
+                        over |= n > l.slots;
+                        nnz += std::min<int64_t>(n, l.slots);
+                    }
+                    over_rows += over;
+                }
+                Buffers local(TW_BACKEND_CUDA);
+                const twSpMatDescr_t s = local.twell(rows, cols, TW_R_16BF, tile, comp);
+                size_t bytes = 0;
+                TW_REQUIRE_OK(h, twDenseToSparse_bufferSize(h, din, s, TW_CONVERT_RELU, &bytes));
+                void *ws = local.memory(bytes);
+                const twStatus_t want = over_rows ? TW_STATUS_CAPACITY_EXCEEDED : TW_STATUS_SUCCESS;
+                REQUIRE(twDenseToSparse_analysis(h, din, s, TW_CONVERT_RELU, ws) == want);
+                REQUIRE(twDenseToSparse_convert(h, din, s, TW_CONVERT_RELU, ws) == want);
+                TW_REQUIRE_OK(h, twSpMatValidate(h, s));
+                const twSpMatInfo_t info = info_of(h, s);
+                CHECK(info.nnz == nnz);
+                CHECK(info.overflowRows == over_rows);
+                if (over_rows) return;
+                Dense back(rows, cols, TW_R_16BF);
+                auto round_trip = [&](twSpMatDescr_t from) {
+                    back.poison();
+                    Buffers out(TW_BACKEND_CUDA);
+                    TW_REQUIRE_OK(h, twSparseToDense(h, from, out.output(back)));
+                    out.fetch();
+                    REQUIRE(std::memcmp(back.storage.data(), in.storage.data(), static_cast<size_t>(rows * cols) * 2) == 0);
+                };
+                round_trip(s);
+                // and re-packed into a hybrid (about 21 values per row: all in the ELL part)
+                const twSpMatDescr_t hy = local.hybrid(rows, cols, 64, rows / 64, TW_R_16BF);
+                TW_REQUIRE_OK(h, twSparseConvert(h, s, hy));
+                TW_REQUIRE_OK(h, twSpMatValidate(h, hy));
+                round_trip(hy);
+            }
+        }
+}
