@@ -7,7 +7,6 @@
 #include <string>
 
 #include "backend_support.hpp"
-#include "host/formats.hpp"
 
 using namespace twtest;
 
@@ -24,6 +23,35 @@ twSpMatDescr_t make(Buffers &buf, const Spec &s, int64_t rows, int64_t cols, twD
     return s.twell ? buf.twell(rows, cols, t, s.a, static_cast<int32_t>(s.b)) : buf.hybrid(rows, cols, s.a, s.b, t);
 }
 
+/// The layouts of docs/formats.md, derived here from the spec (not from the library's code).
+struct TwellWords {
+    int64_t rows, cols, tile, slots, words_per_block, tiles, ld;
+    TwellWords(int64_t r, int64_t c, int64_t t, int64_t comp)
+        : rows(r), cols(c), tile(t), slots(t / comp - 1), words_per_block(t / comp), tiles((c + t - 1) / t),
+          ld(tiles * words_per_block) {}
+    size_t block(int64_t r, int64_t t) const { return static_cast<size_t>(r * ld + t * words_per_block); }
+    size_t record() const { return static_cast<size_t>(rows * ld); }
+};
+struct HybridBytes {  // byte offsets, each array on a 256-byte boundary
+    size_t row_nnz, ell_cols, ell_vals, backup_count, backup_row_ids, backup_map, backup_vals;
+    int64_t ell_width, backup_rows;
+    HybridBytes(int64_t rows, int64_t cols, int64_t e, int64_t b, size_t vb) : ell_width(e), backup_rows(b) {
+        size_t at = 0;
+        auto take = [&](size_t bytes) {
+            const size_t here = at;
+            at = (at + bytes + 255) / 256 * 256;
+            return here;
+        };
+        row_nnz = take(static_cast<size_t>(rows) * 4);
+        ell_cols = take(static_cast<size_t>(rows * e) * 2);
+        ell_vals = take(static_cast<size_t>(rows * e) * vb);
+        backup_count = take(4);
+        backup_row_ids = take(static_cast<size_t>(b) * 4);
+        backup_map = take(static_cast<size_t>(rows) * 4);
+        backup_vals = take(static_cast<size_t>(b * cols) * vb);
+    }
+};
+
 /// A call's status and, when it failed, its message.
 struct Outcome {
     twStatus_t status = TW_STATUS_SUCCESS;
@@ -39,20 +67,20 @@ Outcome outcome(twHandle_t h, twStatus_t s) { return {s, s == TW_STATUS_SUCCESS 
 std::vector<uint32_t> meaningful(const std::vector<uint32_t> &w, const Spec &s, int64_t rows, int64_t cols, twDataType_t t) {
     std::vector<uint32_t> out;
     if (s.twell) {
-        const twblas::TwellLayout l = twblas::TwellLayout::make(rows, cols, s.a, static_cast<int32_t>(s.b));
+        const TwellWords l(rows, cols, s.a, s.b);
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t tile = 0; tile < l.tiles; ++tile) {
                 const size_t at = l.block(r, tile);
-                const int64_t count = std::min<int64_t>(w[at] & twblas::kTwellCountMask, l.slots);
+                const int64_t count = std::min<int64_t>(w[at] & 0xffffu, l.slots);
                 out.insert(out.end(), w.begin() + at, w.begin() + at + 1 + count);
             }
-        const size_t rec = l.overflow_offset_words();
+        const size_t rec = l.record();
         const int64_t listed = std::min<int64_t>(w[rec], rows);
         out.insert(out.end(), w.begin() + rec, w.begin() + rec + 1 + listed);
         return out;
     }
     const size_t vb = t == TW_R_32F ? 4 : 2;
-    const twblas::HybridLayout l = twblas::HybridLayout::make(rows, cols, s.a, s.b, vb);
+    const HybridBytes l(rows, cols, s.a, s.b, vb);
     const auto *base = reinterpret_cast<const uint8_t *>(w.data());
     auto i32 = [&](size_t off, int64_t i) { return reinterpret_cast<const int32_t *>(base + off)[i]; };
     auto val = [&](size_t off, int64_t i) -> uint32_t {
@@ -79,8 +107,10 @@ std::vector<uint32_t> meaningful(const std::vector<uint32_t> &w, const Spec &s, 
 
 /// A random dense matrix: about `density` non-zeros (with -0.0 and NaN patterns), and every
 /// `heavy`-th row (when heavy > 0) mostly non-zero.
-Dense random_dense(int64_t rows, int64_t cols, twDataType_t t, double density, int64_t heavy, uint64_t seed) {
-    Dense d(rows, cols, t);
+std::unique_ptr<Dense> random_dense(int64_t rows, int64_t cols, twDataType_t t, double density, int64_t heavy,
+                                    uint64_t seed) {
+    auto out = std::make_unique<Dense>(rows, cols, t);
+    Dense &d = *out;
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<double> u01(0.0, 1.0);
     std::normal_distribution<float> n01;
@@ -94,7 +124,7 @@ Dense random_dense(int64_t rows, int64_t cols, twDataType_t t, double density, i
             d.set(r, c, v);
         }
     }
-    return d;
+    return out;
 }
 
 /// One backend's run of every conversion on the same inputs.
@@ -174,7 +204,8 @@ TEST_CASE("CUDA conversions: statuses, messages and bits of the reference", "[cu
                 const twConvertOp_t op = seed % 2 ? TW_CONVERT_RELU : TW_CONVERT_PLAIN;
                 DYNAMIC_SECTION("rows " << sh.rows << " cols " << sh.cols << " type " << t << (spec.twell ? " TwELL " : " hybrid ")
                                         << spec.a << "/" << spec.b << " op " << op) {
-                    const Dense in = random_dense(sh.rows, sh.cols, t, 0.03, sh.heavy, ++seed);
+                    const std::unique_ptr<Dense> dense = random_dense(sh.rows, sh.cols, t, 0.03, sh.heavy, ++seed);
+                    const Dense &in = *dense;
                     // the re-packed container: the other format, all rows backed up
                     const Spec other = spec.twell || t == TW_R_32F ? Spec{false, 8, sh.rows} : Spec{true, 128, 2};
                     const Spec transposed{false, 12, sh.cols / 8 + 1};
@@ -189,7 +220,8 @@ TEST_CASE("CUDA conversions: statuses, messages and bits of the reference", "[cu
 TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and message", "[cuda][conversions]") {
     for (const Spec &spec : {Spec{true, 64, 4}, Spec{false, 16, 6}}) {
         const int64_t rows = 300, cols = 1000;
-        const Dense in = random_dense(rows, cols, TW_R_16BF, 0.01, 37, 5);
+        const std::unique_ptr<Dense> dense = random_dense(rows, cols, TW_R_16BF, 0.01, 37, 5);
+        const Dense &in = *dense;
         Handle hc(TW_BACKEND_CPU), hg(TW_BACKEND_CUDA);
         Buffers bc(TW_BACKEND_CPU), bg(TW_BACKEND_CUDA);
         const twSpMatDescr_t sc = make(bc, spec, rows, cols, TW_R_16BF), sg = make(bg, spec, rows, cols, TW_R_16BF);
@@ -200,8 +232,8 @@ TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and
         (void)twDenseToSparse_analysis(hc, din, sc, TW_CONVERT_PLAIN, ws);
         (void)twDenseToSparse_convert(hc, din, sc, TW_CONVERT_PLAIN, ws);
         const std::vector<uint32_t> valid = bc.words(sc);
-        const twblas::TwellLayout tl = twblas::TwellLayout::make(spec.twell ? rows : 0, cols, 64, 4);
-        const twblas::HybridLayout hl = twblas::HybridLayout::make(rows, cols, 16, 6, 2);
+        const TwellWords tl(rows, cols, 64, 4);
+        const HybridBytes hl(rows, cols, 16, 6, 2);
         std::mt19937_64 rng(99);
         int failures = 0;
         for (int trial = 0; trial < 600; ++trial) {
@@ -213,7 +245,7 @@ TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and
                                 : (std::vector<size_t>{hl.row_nnz, hl.backup_map, hl.ell_cols, hl.backup_row_ids}[rng() % 4]) / 4 +
                                       rng() % rows;
             } else if (trial % 3 == 2) {
-                at = spec.twell ? tl.overflow_offset_words() + rng() % 8 : hl.backup_count / 4 + (rng() % 2) * (hl.backup_row_ids / 4 - hl.backup_count / 4) + rng() % 4;
+                at = spec.twell ? tl.record() + rng() % 8 : hl.backup_count / 4 + (rng() % 2) * (hl.backup_row_ids / 4 - hl.backup_count / 4) + rng() % 4;
             }
             at = std::min(at, w.size() - 1);
             switch (rng() % 4) {
@@ -267,7 +299,7 @@ TEST_CASE("CUDA conversions: a million rows, every tile width and compression", 
     for (const int32_t tile : {64, 128, 256})
         for (const int32_t comp : {2, 4, 8}) {
             DYNAMIC_SECTION("T " << tile << " C " << comp) {
-                const twblas::TwellLayout l = twblas::TwellLayout::make(rows, cols, tile, comp);
+                const TwellWords l(rows, cols, tile, comp);
                 int64_t nnz = 0, over_rows = 0;
                 for (int64_t r = 0; r < rows; ++r) {
                     bool over = false;
