@@ -27,13 +27,17 @@
 // Files: common.{hpp,cpp} (problem cache, timing, verification, registration helpers),
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
-//   twblas-bench [--suite=full|profiles|decode|train|eager|serving|crossover|smoke] [Google Benchmark flags]
+//   twblas-bench [--suite=full|profiles|decode|train|eager|serving|crossover|conversions|smoke]
+//                [Google Benchmark flags]
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
 // crossover: M = 128 to 1024 at the paper's shape, to place the two-pass crossover. Suite
 // serving: M = 1 to 512 (powers of two), both shapes, uniform-29 and llm-29, graph and eager,
 // with the copy bandwidth measured first; twblas points carry need_bw (bytes that must move per
-// second: Wg, the union of the batch's active rows of Wu and Wd, X and Y).
+// second: Wg, the union of the batch's active rows of Wu and Wd, X and Y). Suite conversions
+// (bench_conversions.cpp): twblas's dense <-> TwELL / hybrid conversions, validate, info and the
+// hybrid transpose against cuSPARSE's dense <-> CSR on the FFN hidden activation (uniform-29 and
+// llm-29, M = 4096, 16384, 65536), host time per call sequence, with the copy bandwidth first.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -43,6 +47,7 @@
 
 namespace {
 
+using twbench::register_conversions;
 using twbench::register_copy;
 using twbench::register_eager;
 using twbench::register_group;
@@ -66,6 +71,11 @@ void register_suite(const std::string &suite) {
         const std::vector<int64_t> serving_ms{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
         for (const Shape s : {paper, llama})
             for (const char *prof : {"uniform-29", "llm-29"}) register_eager(s, prof, serving_ms, 512, true);
+        return;
+    }
+    if (suite == "conversions") {  // issue 15: conversions against cuSPARSE; the copy bandwidth first
+        register_copy();
+        register_conversions();
         return;
     }
     if (suite == "crossover") {  // the two-pass crossover (heuristics::kTwoPassMinTokens), M = 128 to 1024
@@ -145,6 +155,7 @@ int main(int argc, char **argv) {
     ck(cudaEventCreate(&env.e1), "event");
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
+    twbench::release_conversions();
     twbench::release_problems();
     cudaEventDestroy(env.e0);
     cudaEventDestroy(env.e1);

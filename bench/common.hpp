@@ -160,5 +160,11 @@ void register_eager(Shape s, const std::string &profile, const std::vector<int64
 void register_copy();
 // bench_training.cpp
 void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms);
+// bench_conversions.cpp
+/// conv/<variant>/d5632/<profile>/m<M>: twblas's conversions and cuSPARSE's on the FFN hidden
+/// activation, uniform-29 and llm-29, M = 4096, 16384, 65536.
+void register_conversions();
+/// Frees the kept activation matrix (before the CUDA context goes).
+void release_conversions();
 
 }  // namespace twbench

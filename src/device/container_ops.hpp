@@ -27,7 +27,8 @@ class ContainerOps {
     twStatus_t dense_to_sparse_analysis(cudaStream_t stream, const twDnMatDescr &in, const twSpMatDescr &out,
                                         twConvertOp_t op);
     /// After a device conversion into `out`: CAPACITY_EXCEEDED when its record or backup count
-    /// says rows did not fit (reads 4 bytes back: synchronises).
+    /// says rows did not fit (reads 4 bytes back: synchronises). Returned, not thrown, as the
+    /// reference does, so that the C boundary words the same message from twSpMatGetInfo.
     twStatus_t capacity_status(cudaStream_t stream, const twSpMatDescr &out);
     twStatus_t sparse_to_dense(cudaStream_t stream, const twSpMatDescr &in, const twDnMatDescr &out);
     twStatus_t sparse_convert(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out);
