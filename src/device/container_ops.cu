@@ -4,6 +4,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
+#include <cstddef>
 #include <vector>
 
 #include "common/pointer_check.hpp"
@@ -16,7 +17,8 @@ namespace twblas::cuda {
 
 namespace {
 
-constexpr int kWarpsPerBlock = 4;  // the row kernels: one warp per row
+constexpr int kWarpsPerBlock = kWarpsPerRowBlock;  // the row kernels: one warp per row
+static_assert(32 * kWarpsPerBlock == kCheckThreads, "twell_check_rows sizes its bitmaps by its block");
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::max(1, ceil_div(rows, kWarpsPerBlock))); }
 unsigned flat_blocks(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(4096, std::max<int64_t>(1, (n + 255) / 256))); }
 
@@ -163,13 +165,22 @@ size_t dense_bytes_of(const twDnMatDescr &d) {
 
 }  // namespace
 
+static_assert(offsetof(InspectResult, first_row) == offsetof(InspectResult, first_item) + 8,
+              "reset_result sets both with one memset");
+
 ContainerOps::ContainerOps() : result_(sizeof(InspectResult)) {}
+
+InspectResult *ContainerOps::reset_result(cudaStream_t stream) {
+    // counts 0, "no failing item" all ones: two memsets (a pageable host copy costs more)
+    auto *res = result_.get<InspectResult>();
+    check(cudaMemsetAsync(res, 0, sizeof *res, stream), "cudaMemsetAsync");
+    check(cudaMemsetAsync(&res->first_item, 0xff, 2 * sizeof res->first_item, stream), "cudaMemsetAsync");
+    return res;
+}
 
 twSpMatInfo_t ContainerOps::info(cudaStream_t stream, const twSpMatDescr &s) {
     require_device_accessible(s.buffer, "descr");
-    const InspectResult init{0, 0, 0, kNoItem, kNoItem, 0};
-    auto *res = result_.get<InspectResult>();
-    check(cudaMemcpyAsync(res, &init, sizeof init, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    InspectResult *res = reset_result(stream);
     container_info<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(container_args(s), s.format == TW_FORMAT_TWELL,
                                                                          res);
     check_launch("container_info");
@@ -179,9 +190,7 @@ twSpMatInfo_t ContainerOps::info(cudaStream_t stream, const twSpMatDescr &s) {
 }
 
 InspectResult ContainerOps::run_validation(cudaStream_t stream, const twSpMatDescr &s) {
-    const InspectResult init{0, 0, 0, kNoItem, kNoItem, 0};
-    auto *res = result_.get<InspectResult>();
-    check(cudaMemcpyAsync(res, &init, sizeof init, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    InspectResult *res = reset_result(stream);
     const ContainerArgs c = container_args(s);
     const bool twell = s.format == TW_FORMAT_TWELL;
     // the record entries / backup slots: at most one per row
@@ -278,7 +287,8 @@ twStatus_t ContainerOps::dense_to_sparse_analysis(cudaStream_t stream, const twD
     check(cudaMemsetAsync(misses, 0, sizeof *misses, stream), "cudaMemsetAsync");
     if (in.rows > 0 && in.cols > 0) {
         count_compact_misses<<<row_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(
-            matrix_arg(in), op, container_args(out), out.format == TW_FORMAT_TWELL, misses);
+            matrix_arg(in), op, container_args(out), out.format == TW_FORMAT_TWELL,
+            dense_rows_vectorizable(matrix_arg(in), out.type), misses);
         check_launch("count_compact_misses");
     }
     unsigned long long n = 0;
@@ -299,6 +309,13 @@ twStatus_t ContainerOps::sparse_to_dense(cudaStream_t stream, const twSpMatDescr
     require_device_accessible(out.values, "out");
     require_complete(stream, in);
     if (out.empty()) return TW_STATUS_SUCCESS;
+    const MatrixArg dense = matrix_arg(out);
+    if (in.format == TW_FORMAT_TWELL && rows_aligned16(dense)) {  // one pass, each row written once
+        twell_rows_to_dense<<<row_blocks(in.rows), 32 * kWarpsPerRowBlock, 0, stream>>>(container_args(in), dense);
+        check_launch("twell_rows_to_dense");
+        return TW_STATUS_SUCCESS;
+    }
+    // any other layout: zero the matrix, then write the values
     const bool row = out.order == TW_ORDER_ROW;
     check(cudaMemset2DAsync(out.values, static_cast<size_t>(out.ld) * elem_bytes(out.type), 0, dense_bytes_of(out),
                             static_cast<size_t>(row ? out.rows : out.cols), stream),

@@ -40,6 +40,8 @@ class ContainerOps {
     /// validate(), returning what the device found (the record / backup count included).
     InspectResult checked(cudaStream_t stream, const twSpMatDescr &s, const char *name);
     InspectResult run_validation(cudaStream_t stream, const twSpMatDescr &s);
+    /// The result cleared for a new inspection, on the stream.
+    InspectResult *reset_result(cudaStream_t stream);
     DeviceBuffer result_;  // one InspectResult, reused by every call (they synchronise)
 };
 

@@ -62,10 +62,11 @@ void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, co
     const int warps_per_block = 4;
     const int blocks = ceil_div(out.rows, warps_per_block);
     const bool twell = out.format == TW_FORMAT_TWELL;
+    const bool vec = dense_rows_vectorizable(in, out.type);
     if (twell)
-        write_twell_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
+        write_twell_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, vec, flags);
     else
-        write_hybrid_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
+        write_hybrid_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, vec, flags);
     check_launch("write_sparse rows");
     assign_overflow_slots(stream, flags, out);
     if (!twell) {

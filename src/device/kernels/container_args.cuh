@@ -43,6 +43,20 @@ __device__ inline uint32_t container_bits(const MatrixArg &in, int64_t r, int64_
     const uint32_t raw = load_raw(in.ptr, r * in.rs + c * in.cs, type_bytes(in.type));
     return in.type == out ? raw : encode(decode(raw, in.type), out);
 }
+/// Bits of in(r, c0 .. c0 + 7) in the container's type `out` (0 past `cols`). `vec`: the rows
+/// are 16-byte aligned and hold 16-bit values of type `out`, so eight columns are one load.
+__device__ inline void load8_bits(const MatrixArg &in, int64_t r, int64_t c0, int64_t cols, twDataType_t out, bool vec,
+                                  uint32_t (&bits)[8]) {
+    if (vec && c0 + 8 <= cols) {
+        const uint4 q = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(in.ptr) + r * in.rs + c0);
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) bits[j] = j % 2 ? w[j / 2] >> 16 : w[j / 2] & 0xffffu;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) bits[j] = c0 + j < cols ? container_bits(in, r, c0 + j, out) : 0u;
+}
 __device__ inline bool keeps(uint32_t bits, twDataType_t t, twConvertOp_t op) {
     return op == TW_CONVERT_RELU ? relu_active(decode(bits, t)) : bits != 0;
 }
@@ -62,6 +76,11 @@ struct ContainerArgs {
     size_t row_nnz, ell_cols, ell_vals, backup_count, backup_row_ids, backup_map, backup_vals, value_bytes;
 };
 
+
+/// Whether the dense -> container kernels may read `in` eight 16-bit columns at a time.
+inline bool dense_rows_vectorizable(const MatrixArg &in, twDataType_t container_type) {
+    return rows_aligned16(in) && in.type == container_type && elem_bytes(in.type) == 2;
+}
 
 /// A container descriptor as kernels see it.
 inline ContainerArgs container_args(const twSpMatDescr &s) {

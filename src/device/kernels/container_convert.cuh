@@ -76,6 +76,52 @@ __global__ void scatter_to_dense(ContainerArgs in, bool twell, MatrixArg out) {
     }
 }
 
+/// TwELL -> dense in one pass when the output rows take 16-byte stores: each warp assembles
+/// 1024 columns of its row in shared memory (the blocks' words read whole, coalesced, entries
+/// past a block's count ignored), then writes them once. No zeroing pass over the output, no
+/// partial-sector writes. Launched with kWarpsPerRowBlock warps per block.
+constexpr int kSpanCols = 1024;
+constexpr int kWarpsPerRowBlock = 4;
+__global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(ContainerArgs in, MatrixArg out) {
+    __shared__ __align__(16) uint16_t spans[kWarpsPerRowBlock][kSpanCols];
+    const int64_t row = warp_row();
+    if (row >= in.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    uint16_t *span = spans[threadIdx.x / 32];
+    const uint32_t *words = twell_row_words(in, row);
+    auto *dst = static_cast<uint16_t *>(out.ptr) + row * out.rs;
+    const int64_t tiles = twell_tiles(in);
+    const int per_span = kSpanCols / in.tile, w = in.words_per_block;
+    for (int64_t t0 = 0; t0 < tiles; t0 += per_span) {
+        const int span_tiles = static_cast<int>(min(static_cast<int64_t>(per_span), tiles - t0));
+        for (int i = lane; i < kSpanCols / 8; i += 32) reinterpret_cast<uint4 *>(span)[i] = make_uint4(0, 0, 0, 0);
+        // lane q < span_tiles holds the count of tile t0 + q (per_span <= 16: tiles of 64 columns or more)
+        const int my_count = lane < span_tiles ? min(static_cast<int>(words[(t0 + lane) * w] & kTwellCountMask), in.slots) : 0;
+        __syncwarp();
+        const uint32_t *span_words = words + t0 * w;
+        const int n_words = span_tiles * w;
+        for (int base = 0; base < n_words; base += 32) {  // uniform trip count: the shuffle needs every lane
+            const int i = base + lane, q = min(i / w, 31), slot = i % w;
+            const int count = __shfl_sync(kFullMask, my_count, q);
+            if (i < n_words && slot >= 1 && slot <= count) {
+                const uint32_t e = span_words[i];
+                span[(e & 0xffffu) - t0 * in.tile] = static_cast<uint16_t>(e >> 16);
+            }
+        }
+        __syncwarp();
+        const int64_t c_lo = t0 * in.tile, c_hi = min(in.cols, c_lo + static_cast<int64_t>(span_tiles) * in.tile);
+        for (int64_t k = lane; k < (c_hi - c_lo + 7) / 8; k += 32) {
+            const int64_t c = c_lo + 8 * k;
+            if (c + 8 <= in.cols) {
+                *reinterpret_cast<uint4 *>(dst + c) = reinterpret_cast<const uint4 *>(span)[k];
+            } else {
+                for (int64_t j = c; j < in.cols; ++j) dst[j] = span[j - c_lo];
+            }
+        }
+        __syncwarp();
+    }
+}
+
 // ---- container -> entry lists
 
 /// Number of entries of each row (stored +0 entries are no value, as in the reference's reader).
@@ -271,7 +317,7 @@ __global__ void hybrid_backup_from_entries(EntryLists in, ContainerArgs out, con
 
 /// One warp per row, 256 columns per step (8 per lane): a TwELL tile over S kept values, or a
 /// hybrid row over E; the count of such rows goes to *misses.
-__global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool twell,
+__global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool twell, bool vec,
                                      unsigned long long *misses) {
     const int64_t row = warp_row();
     if (row >= out.rows) return;
@@ -281,11 +327,11 @@ __global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerAr
     bool miss = false;
     int64_t total = 0;
     for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
+        uint32_t bits[8];
+        load8_bits(in, row, c0 + lane * 8, out.cols, out.type, vec, bits);
         int n = 0;
-        for (int j = 0; j < 8; ++j) {
-            const int64_t c = c0 + lane * 8 + j;
-            n += c < out.cols && keeps(container_bits(in, row, c, out.type), out.type, op);
-        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) n += c0 + lane * 8 + j < out.cols && keeps(bits[j], out.type, op);
         const int incl = warp_scan_incl(n);
         if (twell) {
             const int tile_count = __shfl_sync(kFullMask, incl, first + lanes_per_tile - 1) -

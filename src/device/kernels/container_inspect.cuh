@@ -29,28 +29,42 @@ __device__ inline long long container_header(const ContainerArgs &c, bool twell)
                  : static_cast<long long>(*at<const int32_t>(c, c.backup_count));
 }
 
-// ---- info: one warp per row
+// ---- info: one warp per row; the block sums its rows before one global atomic (a global
+// atomic per row serialises on one address)
 
 __global__ void container_info(ContainerArgs c, bool twell, InspectResult *out) {
+    __shared__ unsigned long long block_nnz;
+    __shared__ long long block_max;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = static_cast<int>(lane_id());
-    if (blockIdx.x == 0 && threadIdx.x == 0) out->header = container_header(c, twell);
-    if (row >= c.rows) return;
-    long long count = 0;  // this row's count (hybrid: row_nnz as stored), and whether it is stored
-    bool stored = true;
-    if (twell) {
-        const uint32_t *words = reinterpret_cast<const uint32_t *>(c.base) + row * c.ld;
-        const int64_t tiles = (c.cols + c.tile - 1) / c.tile;
-        for (int64_t t = lane; t < tiles; t += 32)
-            count += min(static_cast<int>(words[t * c.words_per_block] & kTwellCountMask), c.slots);
-        count = warp_sum(count);
-    } else {
-        count = at<const int32_t>(c, c.row_nnz)[row];
-        stored = count <= c.ell_width || at<const int32_t>(c, c.backup_map)[row] >= 0;
+    if (threadIdx.x == 0) {
+        block_nnz = 0;
+        block_max = 0;
+        if (blockIdx.x == 0) out->header = container_header(c, twell);
     }
-    if (lane == 0) {
-        if (stored) atomicAdd(&out->nnz, static_cast<unsigned long long>(count));
-        atomicMax(&out->max_row, count);
+    __syncthreads();
+    if (row < c.rows) {
+        long long count = 0;  // this row's count (hybrid: row_nnz as stored), and whether it is stored
+        bool stored = true;
+        if (twell) {
+            const uint32_t *words = reinterpret_cast<const uint32_t *>(c.base) + row * c.ld;
+            const int64_t tiles = (c.cols + c.tile - 1) / c.tile;
+            for (int64_t t = lane; t < tiles; t += 32)
+                count += min(static_cast<int>(words[t * c.words_per_block] & kTwellCountMask), c.slots);
+            count = warp_sum(count);
+        } else {
+            count = at<const int32_t>(c, c.row_nnz)[row];
+            stored = count <= c.ell_width || at<const int32_t>(c, c.backup_map)[row] >= 0;
+        }
+        if (lane == 0) {
+            if (stored) atomicAdd(&block_nnz, static_cast<unsigned long long>(count));
+            atomicMax(&block_max, count);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atomicAdd(&out->nnz, block_nnz);
+        atomicMax(&out->max_row, block_max);
     }
 }
 
@@ -80,8 +94,10 @@ __device__ inline bool twell_listed(const uint32_t *record, int64_t row, int64_t
     return lo < min(static_cast<int64_t>(record[0]), rows) && record[1 + lo] == row;
 }
 
-/// One block of a row (checks::twell_row's per-tile part): false on a violation.
-__device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const ContainerArgs &c, bool &overflow) {
+/// One block of a row (checks::twell_row's per-tile part): false on a violation. `seen` is the
+/// calling thread's bitmap of the tile's columns (8 words: tiles are at most 256 wide).
+__device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const ContainerArgs &c, bool &overflow,
+                                      uint32_t *seen) {
     const uint32_t header = block[0];
     if (header & ~(kTwellCountMask | kTwellOverflowBit)) return false;
     const int count = static_cast<int>(header & kTwellCountMask);
@@ -89,24 +105,29 @@ __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const Co
     if ((header & kTwellOverflowBit) && count != c.slots) return false;
     overflow |= (header & kTwellOverflowBit) != 0;
     const int64_t lo = t * c.tile, hi = min(lo + c.tile, c.cols);
+    for (int k = 0; k < 8; ++k) seen[k] = 0;
     for (int i = 0; i < count; ++i) {
         const int64_t col = block[1 + i] & 0xffffu;
         if (col < lo || col >= hi) return false;
-        for (int j = 0; j < i; ++j)
-            if ((block[1 + j] & 0xffffu) == col) return false;
+        const uint32_t bit = 1u << ((col - lo) & 31);
+        uint32_t &word = seen[(col - lo) >> 5];
+        if (word & bit) return false;  // a duplicate column
+        word |= bit;
     }
     return true;
 }
 
 /// Every row, one warp each (lanes over its tiles): the first failing row.
-__global__ void twell_check_rows(ContainerArgs c, InspectResult *out) {
+constexpr int kCheckThreads = 128;
+__global__ void __launch_bounds__(kCheckThreads) twell_check_rows(ContainerArgs c, InspectResult *out) {
+    __shared__ uint32_t seen[kCheckThreads][8];
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= c.rows) return;
     const int lane = static_cast<int>(lane_id());
     const uint32_t *words = reinterpret_cast<const uint32_t *>(c.base) + row * c.ld;
     const int64_t tiles = (c.cols + c.tile - 1) / c.tile;
     bool ok = true, overflow = false;
-    for (int64_t t = lane; t < tiles; t += 32) ok &= twell_block_ok(words + t * c.words_per_block, t, c, overflow);
+    for (int64_t t = lane; t < tiles; t += 32) ok &= twell_block_ok(words + t * c.words_per_block, t, c, overflow, seen[threadIdx.x]);
     ok = __all_sync(0xffffffffu, ok);
     overflow = __any_sync(0xffffffffu, overflow);
     if (lane == 0) {

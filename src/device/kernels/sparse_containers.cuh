@@ -11,7 +11,7 @@ namespace twblas::cuda {
 
 // ---- writer: TwELL, one warp per row, 256 columns (8 per lane) per step
 
-__global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, int32_t *flags) {
+__global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool vec, int32_t *flags) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
@@ -21,21 +21,21 @@ __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs o
     bool overflow = false;
     for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
         uint32_t bits[8];
-        int n = 0;
-        for (int j = 0; j < 8; ++j) {
-            const int64_t c = c0 + lane * 8 + j;
-            bits[j] = c < out.cols ? container_bits(in, row, c, out.type) : 0u;
-            if (c < out.cols && keeps(bits[j], out.type, op)) ++n;
-            else bits[j] = 0xffffffffu;  // marks "not kept"
-        }
+        load8_bits(in, row, c0 + lane * 8, out.cols, out.type, vec, bits);
+        unsigned kept = 0;  // bit j: column c0 + 8 lane + j is stored
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (c0 + lane * 8 + j < out.cols && keeps(bits[j], out.type, op)) kept |= 1u << j;
+        const int n = __popc(kept);
         const int incl = warp_scan_incl(n), excl = incl - n;
         const int tile_base = __shfl_sync(0xffffffffu, excl, first);
         const int tile_count = __shfl_sync(0xffffffffu, incl, first + lanes_per_tile - 1) - tile_base;
         const int64_t tile = (c0 + first * 8) / out.tile;
         uint32_t *block = words + tile * out.words_per_block;
         int rank = excl - tile_base;
+#pragma unroll
         for (int j = 0; j < 8; ++j) {
-            if (bits[j] == 0xffffffffu) continue;
+            if (!(kept >> j & 1u)) continue;
             if (rank < out.slots)
                 block[1 + rank] = static_cast<uint32_t>((c0 + lane * 8 + j) & 0xffff) | (bits[j] << 16);
             ++rank;
@@ -48,29 +48,39 @@ __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs o
     if (lane == 0) flags[row] = overflow ? 1 : 0;
 }
 
-// ---- writer: hybrid ELL part, one warp per row (rows over E are flagged for a backup slot)
+// ---- writer: hybrid ELL part, one warp per row, 256 columns (8 per lane) per step (rows over
+// E are flagged for a backup slot)
 
-__global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, int32_t *flags) {
+__global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool vec, int32_t *flags) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
     uint16_t *ecols = at<uint16_t>(out, out.ell_cols) + row * out.ell_width;
     uint8_t *evals = out.base + out.ell_vals + static_cast<size_t>(row * out.ell_width) * out.value_bytes;
     int total = 0;
-    for (int64_t c0 = 0; c0 < out.cols; c0 += 32) {
-        const int64_t c = c0 + lane;
-        const uint32_t bits = c < out.cols ? container_bits(in, row, c, out.type) : 0u;
-        const bool kept = c < out.cols && keeps(bits, out.type, op);
-        const uint32_t ballot = __ballot_sync(0xffffffffu, kept);
-        const int pos = total + __popc(ballot & ((1u << lane) - 1u));
-        if (kept && pos < out.ell_width) {
-            ecols[pos] = static_cast<uint16_t>(c);
-            if (out.value_bytes == 4)
-                reinterpret_cast<uint32_t *>(evals)[pos] = bits;
-            else
-                reinterpret_cast<uint16_t *>(evals)[pos] = static_cast<uint16_t>(bits);
+    for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
+        uint32_t bits[8];
+        load8_bits(in, row, c0 + lane * 8, out.cols, out.type, vec, bits);
+        unsigned kept = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (c0 + lane * 8 + j < out.cols && keeps(bits[j], out.type, op)) kept |= 1u << j;
+        const int n = __popc(kept);
+        const int incl = warp_scan_incl(n);
+        int pos = total + incl - n;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (!(kept >> j & 1u)) continue;
+            if (pos < out.ell_width) {
+                ecols[pos] = static_cast<uint16_t>(c0 + lane * 8 + j);
+                if (out.value_bytes == 4)
+                    reinterpret_cast<uint32_t *>(evals)[pos] = bits[j];
+                else
+                    reinterpret_cast<uint16_t *>(evals)[pos] = static_cast<uint16_t>(bits[j]);
+            }
+            ++pos;
         }
-        total += __popc(ballot);
+        total += __shfl_sync(0xffffffffu, incl, 31);
     }
     if (lane == 0) {
         at<int32_t>(out, out.row_nnz)[row] = total;
