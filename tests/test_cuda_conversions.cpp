@@ -260,6 +260,17 @@ TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and
             INFO("trial " << trial << " word " << at);
             REQUIRE(vg == vc);
             failures += vc.status != TW_STATUS_SUCCESS;
+            // twSparseToDense validates first: the same verdict, and on a refusal the output
+            // keeps its poison (the GPU's one-pass kernel obeys the device verdict)
+            Dense dc(rows, cols, TW_R_16BF), dg(rows, cols, TW_R_16BF);
+            dc.poison();
+            dg.poison();
+            Buffers out_g(TW_BACKEND_CUDA);
+            const Outcome tc = outcome(hc, twSparseToDense(hc, sc, dc.d));
+            const Outcome tg = outcome(hg, twSparseToDense(hg, sg, out_g.output(dg)));
+            out_g.fetch();
+            REQUIRE(tg == tc);
+            REQUIRE(dg.storage == dc.storage);
             const twSpMatInfo_t ic = info_of(hc, sc), ig = info_of(hg, sg);
             CHECK(ig.nnz == ic.nnz);
             CHECK(ig.maxRowNnz == ic.maxRowNnz);

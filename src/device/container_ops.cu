@@ -189,7 +189,7 @@ twSpMatInfo_t ContainerOps::info(cudaStream_t stream, const twSpMatDescr &s) {
     return {static_cast<int64_t>(r.nnz), r.max_row, r.header, 0};
 }
 
-InspectResult ContainerOps::run_validation(cudaStream_t stream, const twSpMatDescr &s) {
+void ContainerOps::launch_validation(cudaStream_t stream, const twSpMatDescr &s) {
     InspectResult *res = reset_result(stream);
     const ContainerArgs c = container_args(s);
     const bool twell = s.format == TW_FORMAT_TWELL;
@@ -206,8 +206,11 @@ InspectResult ContainerOps::run_validation(cudaStream_t stream, const twSpMatDes
             hybrid_check_rows<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(c, res);
         check_launch("container row check");
     }
+}
+
+InspectResult ContainerOps::fetch_result(cudaStream_t stream) {
     InspectResult r{};
-    read_back(stream, &r, res, sizeof r);
+    read_back(stream, &r, result_.get<InspectResult>(), sizeof r);
     return r;
 }
 
@@ -215,7 +218,13 @@ void ContainerOps::validate(cudaStream_t stream, const twSpMatDescr &s, const ch
 
 InspectResult ContainerOps::checked(cudaStream_t stream, const twSpMatDescr &s, const char *name) {
     require_device_accessible(s.buffer, name);
-    const InspectResult r = run_validation(stream, s);
+    launch_validation(stream, s);
+    const InspectResult r = fetch_result(stream);
+    report(stream, s, name, r);
+    return r;
+}
+
+void ContainerOps::report(cudaStream_t stream, const twSpMatDescr &s, const char *name, const InspectResult &r) {
     const auto *base = static_cast<const uint8_t *>(s.buffer);
     std::vector<uint8_t> seen(static_cast<size_t>(std::max<int64_t>(s.cols, 1)), 0);
     if (s.format == TW_FORMAT_TWELL) {
@@ -236,7 +245,7 @@ InspectResult ContainerOps::checked(cudaStream_t stream, const twSpMatDescr &s, 
             checks::twell_row(l, name, row, words.data(), (r.first_row & 1) != 0, seen);
             checks_disagree("a row");
         }
-        return r;
+        return;
     }
     const HybridLayout &l = s.hybrid;
     const int64_t needed = r.header;
@@ -271,11 +280,13 @@ InspectResult ContainerOps::checked(cudaStream_t stream, const twSpMatDescr &s, 
         checks_disagree("a row");
     }
     checks::hybrid_total(name, needed, static_cast<int64_t>(r.over));
-    return r;
 }
 
 void ContainerOps::require_complete(cudaStream_t stream, const twSpMatDescr &in) {
-    const InspectResult r = checked(stream, in, "in");
+    complete_verdict(in, checked(stream, in, "in"));
+}
+
+void ContainerOps::complete_verdict(const twSpMatDescr &in, const InspectResult &r) {
     const int64_t lost = in.format == TW_FORMAT_TWELL ? r.header : std::max<int64_t>(0, r.header - in.hybrid.backup_rows);
     checks::complete_input("in", lost);
 }
@@ -306,15 +317,23 @@ twStatus_t ContainerOps::capacity_status(cudaStream_t stream, const twSpMatDescr
 }
 
 twStatus_t ContainerOps::sparse_to_dense(cudaStream_t stream, const twSpMatDescr &in, const twDnMatDescr &out) {
+    require_device_accessible(in.buffer, "in");
     require_device_accessible(out.values, "out");
-    require_complete(stream, in);
-    if (out.empty()) return TW_STATUS_SUCCESS;
     const MatrixArg dense = matrix_arg(out);
-    if (in.format == TW_FORMAT_TWELL && rows_aligned16(dense)) {  // one pass, each row written once
-        twell_rows_to_dense<<<row_blocks(in.rows), 32 * kWarpsPerRowBlock, 0, stream>>>(container_args(in), dense);
+    if (in.format == TW_FORMAT_TWELL && !out.empty() && rows_aligned16(dense)) {
+        // one pass, each row written once, queued behind the validation, which it obeys on the
+        // device: one read-back decides both
+        launch_validation(stream, in);
+        twell_rows_to_dense<<<row_blocks(in.rows), 32 * kWarpsPerRowBlock, 0, stream>>>(container_args(in), dense,
+                                                                                       result_.get<InspectResult>());
         check_launch("twell_rows_to_dense");
+        const InspectResult r = fetch_result(stream);
+        report(stream, in, "in", r);
+        complete_verdict(in, r);
         return TW_STATUS_SUCCESS;
     }
+    require_complete(stream, in);
+    if (out.empty()) return TW_STATUS_SUCCESS;
     // any other layout: zero the matrix, then write the values
     const bool row = out.order == TW_ORDER_ROW;
     check(cudaMemset2DAsync(out.values, static_cast<size_t>(out.ld) * elem_bytes(out.type), 0, dense_bytes_of(out),

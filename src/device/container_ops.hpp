@@ -39,7 +39,13 @@ class ContainerOps {
     void require_complete(cudaStream_t stream, const twSpMatDescr &in);
     /// validate(), returning what the device found (the record / backup count included).
     InspectResult checked(cudaStream_t stream, const twSpMatDescr &s, const char *name);
-    InspectResult run_validation(cudaStream_t stream, const twSpMatDescr &s);
+    /// The validation kernels, queued: they leave their findings in the result.
+    void launch_validation(cudaStream_t stream, const twSpMatDescr &s);
+    InspectResult fetch_result(cudaStream_t stream);
+    /// The host side of validation: the first failing item's check, which throws its message.
+    void report(cudaStream_t stream, const twSpMatDescr &s, const char *name, const InspectResult &r);
+    /// INCOMPLETE_INPUT when a validated `in` records rows it could not hold.
+    static void complete_verdict(const twSpMatDescr &in, const InspectResult &r);
     /// The result cleared for a new inspection, on the stream.
     InspectResult *reset_result(cudaStream_t stream);
     DeviceBuffer result_;  // one InspectResult, reused by every call (they synchronise)

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/container_args.cuh"
+#include "kernels/container_inspect.cuh"
 
 namespace twblas::cuda {
 
@@ -79,13 +80,17 @@ __global__ void scatter_to_dense(ContainerArgs in, bool twell, MatrixArg out) {
 /// TwELL -> dense in one pass when the output rows take 16-byte stores: each warp assembles
 /// 1024 columns of its row in shared memory (the blocks' words read whole, coalesced, entries
 /// past a block's count ignored), then writes them once. No zeroing pass over the output, no
-/// partial-sector writes. Launched with kWarpsPerRowBlock warps per block.
+/// partial-sector writes. Launched with kWarpsPerRowBlock warps per block, on the stream right
+/// after the validation kernels: it writes nothing unless their verdict is "valid and complete"
+/// (so the host reads one result back for both, and the output stays untouched on a refusal).
 constexpr int kSpanCols = 1024;
 constexpr int kWarpsPerRowBlock = 4;
-__global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(ContainerArgs in, MatrixArg out) {
+__global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(ContainerArgs in, MatrixArg out,
+                                                                              const InspectResult *verdict) {
     __shared__ __align__(16) uint16_t spans[kWarpsPerRowBlock][kSpanCols];
     const int64_t row = warp_row();
     if (row >= in.rows) return;
+    if (verdict->first_item != kNoItem || verdict->first_row != kNoItem || verdict->header != 0) return;
     const int lane = static_cast<int>(lane_id());
     uint16_t *span = spans[threadIdx.x / 32];
     const uint32_t *words = twell_row_words(in, row);
@@ -326,9 +331,15 @@ __global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerAr
     const int first = lane & ~(lanes_per_tile - 1);
     bool miss = false;
     int64_t total = 0;
-    for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
-        uint32_t bits[8];
-        load8_bits(in, row, c0 + lane * 8, out.cols, out.type, vec, bits);
+    for (int64_t c1 = 0; c1 < out.cols; c1 += 1024) {
+      uint32_t ahead[4][8];  // four steps' loads in flight before any is used
+#pragma unroll
+      for (int q = 0; q < 4; ++q) load8_bits(in, row, c1 + 256 * q + lane * 8, out.cols, out.type, vec, ahead[q]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int64_t c0 = c1 + 256 * q;
+        if (c0 >= out.cols) break;  // uniform over the warp
+        const uint32_t(&bits)[8] = ahead[q];
         int n = 0;
 #pragma unroll
         for (int j = 0; j < 8; ++j) n += c0 + lane * 8 + j < out.cols && keeps(bits[j], out.type, op);
@@ -340,6 +351,7 @@ __global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerAr
         } else {
             total += __shfl_sync(kFullMask, incl, 31);
         }
+      }
     }
     miss = twell ? __any_sync(kFullMask, miss) : total > out.ell_width;
     if (lane == 0 && miss) atomicAdd(misses, 1ull);
