@@ -331,15 +331,9 @@ __global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerAr
     const int first = lane & ~(lanes_per_tile - 1);
     bool miss = false;
     int64_t total = 0;
-    for (int64_t c1 = 0; c1 < out.cols; c1 += 1024) {
-      uint32_t ahead[4][8];  // four steps' loads in flight before any is used
-#pragma unroll
-      for (int q = 0; q < 4; ++q) load8_bits(in, row, c1 + 256 * q + lane * 8, out.cols, out.type, vec, ahead[q]);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int64_t c0 = c1 + 256 * q;
-        if (c0 >= out.cols) break;  // uniform over the warp
-        const uint32_t(&bits)[8] = ahead[q];
+    for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
+        uint32_t bits[8];
+        load8_bits(in, row, c0 + lane * 8, out.cols, out.type, vec, bits);
         int n = 0;
 #pragma unroll
         for (int j = 0; j < 8; ++j) n += c0 + lane * 8 + j < out.cols && keeps(bits[j], out.type, op);
@@ -351,7 +345,6 @@ __global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerAr
         } else {
             total += __shfl_sync(kFullMask, incl, 31);
         }
-      }
     }
     miss = twell ? __any_sync(kFullMask, miss) : total > out.ell_width;
     if (lane == 0 && miss) atomicAdd(misses, 1ull);

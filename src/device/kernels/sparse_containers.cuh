@@ -11,9 +11,6 @@ namespace twblas::cuda {
 
 // ---- writer: TwELL, one warp per row, 256 columns (8 per lane) per step
 
-/// Steps whose loads a warp issues before using the first (the writers are bound by load latency).
-constexpr int kStepsInFlight = 4;
-
 __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool vec, int32_t *flags) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= out.rows) return;
@@ -22,15 +19,9 @@ __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs o
     const int first = lane & ~(lanes_per_tile - 1);
     uint32_t *words = reinterpret_cast<uint32_t *>(out.base) + row * out.ld;
     bool overflow = false;
-    for (int64_t c1 = 0; c1 < out.cols; c1 += 256 * kStepsInFlight) {
-      uint32_t ahead[kStepsInFlight][8];  // the loads of several steps in flight before any is used
-#pragma unroll
-      for (int q = 0; q < kStepsInFlight; ++q) load8_bits(in, row, c1 + 256 * q + lane * 8, out.cols, out.type, vec, ahead[q]);
-#pragma unroll
-      for (int q = 0; q < kStepsInFlight; ++q) {
-        const int64_t c0 = c1 + 256 * q;
-        if (c0 >= out.cols) break;  // uniform over the warp
-        const uint32_t(&bits)[8] = ahead[q];
+    for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
+        uint32_t bits[8];
+        load8_bits(in, row, c0 + lane * 8, out.cols, out.type, vec, bits);
         unsigned kept = 0;  // bit j: column c0 + 8 lane + j is stored
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -53,7 +44,6 @@ __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs o
         if (lane == first && tile * out.tile < out.cols)
             block[0] = static_cast<uint32_t>(min(tile_count, out.slots)) | (over ? kTwellOverflowBit : 0u);
         overflow |= __any_sync(0xffffffffu, over);
-      }
     }
     if (lane == 0) flags[row] = overflow ? 1 : 0;
 }
@@ -68,15 +58,9 @@ __global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, ContainerArgs 
     uint16_t *ecols = at<uint16_t>(out, out.ell_cols) + row * out.ell_width;
     uint8_t *evals = out.base + out.ell_vals + static_cast<size_t>(row * out.ell_width) * out.value_bytes;
     int total = 0;
-    for (int64_t c1 = 0; c1 < out.cols; c1 += 256 * kStepsInFlight) {
-      uint32_t ahead[kStepsInFlight][8];
-#pragma unroll
-      for (int q = 0; q < kStepsInFlight; ++q) load8_bits(in, row, c1 + 256 * q + lane * 8, out.cols, out.type, vec, ahead[q]);
-#pragma unroll
-      for (int q = 0; q < kStepsInFlight; ++q) {
-        const int64_t c0 = c1 + 256 * q;
-        if (c0 >= out.cols) break;
-        const uint32_t(&bits)[8] = ahead[q];
+    for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
+        uint32_t bits[8];
+        load8_bits(in, row, c0 + lane * 8, out.cols, out.type, vec, bits);
         unsigned kept = 0;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -97,7 +81,6 @@ __global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, ContainerArgs 
             ++pos;
         }
         total += __shfl_sync(0xffffffffu, incl, 31);
-      }
     }
     if (lane == 0) {
         at<int32_t>(out, out.row_nnz)[row] = total;
