@@ -6,6 +6,8 @@
 // to read back the few bytes that decide it (container_ops.hpp).
 #include <cuda_runtime.h>
 
+#include <cstdio>
+
 #include "common/pointer_check.hpp"
 #include "container_ops.hpp"
 #include "ffn_backward.hpp"
@@ -18,18 +20,35 @@ namespace twblas {
 
 namespace {
 
-/// Compute capability major of the current device, or -1 when no GPU answers.
-int device_major() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+/// The current device's name and compute capability, or major = -1 when no GPU answers.
+struct DeviceArch {
+    int major = -1, minor = 0;
+    char name[256] = "";
+};
+DeviceArch current_device() {
+    DeviceArch a;
+    int count = 0, device = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || cudaGetDevice(&device) != cudaSuccess ||
+        cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
         (void)cudaGetLastError();  // clear the error of a machine without a driver
-        return -1;
+        return a;
     }
-    int device = 0, major = -1;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
-        return -1;
-    return major;
+    a.major = prop.major;
+    a.minor = prop.minor;
+    std::snprintf(a.name, sizeof a.name, "%s", prop.name);
+    return a;
+}
+
+/// Whether this binary holds code the current device can run: asks the runtime for a kernel's
+/// attributes, which fails (no kernel image) on a GPU the build has no SASS or PTX for, such as
+/// an sm_90a-only build on an A100 or a Blackwell GPU.
+__global__ void arch_probe() {}
+bool binary_runs_on_device() {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, arch_probe) == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    return false;
 }
 
 int device_sm_count() {
@@ -164,13 +183,16 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-bool cuda_backend_usable() { return device_major() >= 9; }
+bool cuda_backend_usable() { return current_device().major >= 9 && binary_runs_on_device(); }
 
 std::unique_ptr<Backend> make_cuda_backend(void *const *stream_slot) {
-    const int major = device_major();
-    if (major < 0) fail(TW_STATUS_NOT_SUPPORTED, "backend: no usable GPU found by the CUDA runtime");
-    if (major < 9)
-        fail(TW_STATUS_ARCH_MISMATCH, "backend: the CUDA backend is built for sm_90a (Hopper); this GPU is sm_%d", major * 10);
+    const DeviceArch dev = current_device();
+    if (dev.major < 0) fail(TW_STATUS_NOT_SUPPORTED, "backend: no usable GPU found by the CUDA runtime");
+    // the kernels need Hopper's features (sm_90); and the binary must hold code for this GPU
+    if (dev.major < 9 || !binary_runs_on_device())
+        fail(TW_STATUS_ARCH_MISMATCH,
+             "backend: this libtwblas holds CUDA code for sm_90a (Hopper) only; the GPU is %s (compute capability %d.%d)",
+             dev.name, dev.major, dev.minor);
     return std::make_unique<CudaBackend>(stream_slot);
 }
 
