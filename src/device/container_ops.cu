@@ -134,11 +134,7 @@ Lists transpose_lists(cudaStream_t stream, StreamScratch &scratch, const Lists &
 void write_lists(cudaStream_t stream, StreamScratch &scratch, const Lists &in, const twSpMatDescr &out) {
     const ContainerArgs c = container_args(out);
     const bool twell = out.format == TW_FORMAT_TWELL;
-    if (out.rows == 0) {  // an empty container still has a record / backup count, which must read 0
-        const size_t at_bytes = twell ? out.twell.overflow_offset_words() * 4 : out.hybrid.backup_count;
-        check(cudaMemsetAsync(static_cast<uint8_t *>(out.buffer) + at_bytes, 0, 4, stream), "cudaMemsetAsync");
-        return;
-    }
+    if (out.rows == 0) return write_empty(stream, out);
     auto *flags = scratch.take<int32_t>(static_cast<size_t>(out.rows));
     if (twell)
         twell_from_entries<<<row_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(in.lists, c, flags);
@@ -309,8 +305,7 @@ twStatus_t ContainerOps::dense_to_sparse_analysis(cudaStream_t stream, const twD
 }
 
 twStatus_t ContainerOps::capacity_status(cudaStream_t stream, const twSpMatDescr &out) {
-    const size_t at = out.format == TW_FORMAT_TWELL ? out.twell.overflow_offset_words() * 4 : out.hybrid.backup_count;
-    const int64_t needed = read_one<int32_t>(stream, static_cast<const uint8_t *>(out.buffer), at);
+    const int64_t needed = read_one<int32_t>(stream, static_cast<const uint8_t *>(out.buffer), overflow_count_offset(out));
     const int64_t lost = out.format == TW_FORMAT_TWELL ? static_cast<int64_t>(static_cast<uint32_t>(needed))
                                                        : std::max<int64_t>(0, needed - out.hybrid.backup_rows);
     return lost > 0 ? TW_STATUS_CAPACITY_EXCEEDED : TW_STATUS_SUCCESS;  // the C boundary words the message

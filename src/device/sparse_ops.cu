@@ -51,12 +51,7 @@ size_t sparse_writer_workspace(const twSpMatDescr &out) { return static_cast<siz
 
 void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
                   void *workspace) {
-    if (out.rows == 0) {
-        // an empty container still has a record / backup count, which must read 0
-        const size_t at_bytes = out.format == TW_FORMAT_TWELL ? out.twell.overflow_offset_words() * 4 : out.hybrid.backup_count;
-        check(cudaMemsetAsync(static_cast<uint8_t *>(out.buffer) + at_bytes, 0, 4, stream), "cudaMemsetAsync");
-        return;
-    }
+    if (out.rows == 0) return write_empty(stream, out);
     const ContainerArgs args = container_args(out);
     auto *flags = static_cast<int32_t *>(workspace);
     const int warps_per_block = 4;
@@ -73,6 +68,10 @@ void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, co
         write_hybrid_backup<<<static_cast<unsigned>(out.rows), 256, 0, stream>>>(in, op, args, flags);
         check_launch("write_hybrid_backup");
     }
+}
+
+void write_empty(cudaStream_t stream, const twSpMatDescr &out) {
+    check(cudaMemsetAsync(static_cast<uint8_t *>(out.buffer) + overflow_count_offset(out), 0, 4, stream), "cudaMemsetAsync");
 }
 
 void assign_overflow_slots(cudaStream_t stream, int32_t *flags, const twSpMatDescr &out) {

@@ -19,6 +19,12 @@ size_t sparse_writer_workspace(const twSpMatDescr &out);
 /// assigned in ascending row order (deterministic).
 void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
                   void *workspace);
+/// Byte offset of a container's overflow count: the TwELL record's count, the hybrid's backup count.
+inline size_t overflow_count_offset(const twSpMatDescr &s) {
+    return s.format == TW_FORMAT_TWELL ? s.twell.overflow_offset_words() * 4 : s.hybrid.backup_count;
+}
+/// Writes a container of no rows: its overflow count, which must read 0.
+void write_empty(cudaStream_t stream, const twSpMatDescr &out);
 /// After a writer flagged rows that do not fit the compact part of `out` (flags[r] = 1): gives
 /// them record entries (TwELL) or backup slots (hybrid; flags[r] becomes 2 + slot) in ascending
 /// row order, and sets the record / backup count.

@@ -61,7 +61,21 @@ __device__ inline bool keeps(uint32_t bits, twDataType_t t, twConvertOp_t op) {
     return op == TW_CONVERT_RELU ? relu_active(decode(bits, t)) : bits != 0;
 }
 
+/// The eight columns c0 .. c0 + 7 of row r as load8_bits reads them, and which of them the
+/// conversion stores (bit j for column c0 + j; none past `cols`).
+__device__ inline unsigned load8_kept(const MatrixArg &in, int64_t r, int64_t c0, int64_t cols, twDataType_t out, bool vec,
+                                      twConvertOp_t op, uint32_t (&bits)[8]) {
+    load8_bits(in, r, c0, cols, out, vec, bits);
+    unsigned kept = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        if (c0 + j < cols && keeps(bits[j], out, op)) kept |= 1u << j;
+    return kept;
+}
+
 __device__ inline uint32_t lane_id() { return threadIdx.x & 31u; }
+/// The row of a kernel that gives each row one warp.
+__device__ inline int64_t warp_row() { return static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; }
 
 struct ContainerArgs {
     uint8_t *base;

@@ -20,8 +20,6 @@ struct EntryLists {
     uint32_t *bits;
 };
 
-__device__ inline int64_t warp_row() { return static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; }
-
 __device__ inline const uint32_t *twell_row_words(const ContainerArgs &c, int64_t row) {
     return reinterpret_cast<const uint32_t *>(c.base) + row * c.ld;
 }
@@ -333,10 +331,7 @@ __global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerAr
     int64_t total = 0;
     for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
         uint32_t bits[8];
-        load8_bits(in, row, c0 + lane * 8, out.cols, out.type, vec, bits);
-        int n = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) n += c0 + lane * 8 + j < out.cols && keeps(bits[j], out.type, op);
+        const int n = __popc(load8_kept(in, row, c0 + lane * 8, out.cols, out.type, vec, op, bits));
         const int incl = warp_scan_incl(n);
         if (twell) {
             const int tile_count = __shfl_sync(kFullMask, incl, first + lanes_per_tile - 1) -

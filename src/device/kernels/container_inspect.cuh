@@ -35,7 +35,7 @@ __device__ inline long long container_header(const ContainerArgs &c, bool twell)
 __global__ void container_info(ContainerArgs c, bool twell, InspectResult *out) {
     __shared__ unsigned long long block_nnz;
     __shared__ long long block_max;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const int64_t row = warp_row();
     const int lane = static_cast<int>(lane_id());
     if (threadIdx.x == 0) {
         block_nnz = 0;
@@ -121,7 +121,7 @@ __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const Co
 constexpr int kCheckThreads = 128;
 __global__ void __launch_bounds__(kCheckThreads) twell_check_rows(ContainerArgs c, InspectResult *out) {
     __shared__ uint32_t seen[kCheckThreads][8];
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const int64_t row = warp_row();
     if (row >= c.rows) return;
     const int lane = static_cast<int>(lane_id());
     const uint32_t *words = reinterpret_cast<const uint32_t *>(c.base) + row * c.ld;
@@ -160,7 +160,7 @@ __global__ void hybrid_check_slots(ContainerArgs c, InspectResult *out) {
 
 /// Every row, one warp each (checks::hybrid_row): the first failing row, and the rows over E.
 __global__ void hybrid_check_rows(ContainerArgs c, InspectResult *out) {
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const int64_t row = warp_row();
     if (row >= c.rows) return;
     const int lane = static_cast<int>(lane_id());
     const int64_t needed = container_header(c, false), stored = hybrid_filled_slots(c);

@@ -12,7 +12,7 @@ namespace twblas::cuda {
 // ---- writer: TwELL, one warp per row, 256 columns (8 per lane) per step
 
 __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool vec, int32_t *flags) {
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const int64_t row = warp_row();
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
     const int lanes_per_tile = out.tile / 8;
@@ -21,11 +21,7 @@ __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs o
     bool overflow = false;
     for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
         uint32_t bits[8];
-        load8_bits(in, row, c0 + lane * 8, out.cols, out.type, vec, bits);
-        unsigned kept = 0;  // bit j: column c0 + 8 lane + j is stored
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-            if (c0 + lane * 8 + j < out.cols && keeps(bits[j], out.type, op)) kept |= 1u << j;
+        const unsigned kept = load8_kept(in, row, c0 + lane * 8, out.cols, out.type, vec, op, bits);
         const int n = __popc(kept);
         const int incl = warp_scan_incl(n), excl = incl - n;
         const int tile_base = __shfl_sync(0xffffffffu, excl, first);
@@ -52,7 +48,7 @@ __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs o
 // E are flagged for a backup slot)
 
 __global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool vec, int32_t *flags) {
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const int64_t row = warp_row();
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
     uint16_t *ecols = at<uint16_t>(out, out.ell_cols) + row * out.ell_width;
@@ -60,11 +56,7 @@ __global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, ContainerArgs 
     int total = 0;
     for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
         uint32_t bits[8];
-        load8_bits(in, row, c0 + lane * 8, out.cols, out.type, vec, bits);
-        unsigned kept = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-            if (c0 + lane * 8 + j < out.cols && keeps(bits[j], out.type, op)) kept |= 1u << j;
+        const unsigned kept = load8_kept(in, row, c0 + lane * 8, out.cols, out.type, vec, op, bits);
         const int n = __popc(kept);
         const int incl = warp_scan_incl(n);
         int pos = total + incl - n;
