@@ -18,6 +18,7 @@
 #include "common/matrix_arg.hpp"
 #include "common/pointer_check.hpp"
 #include "gemm/gathered_gemm.hpp"
+#include "gemm/masked_gate_gemm.hpp"
 #include "heuristics.hpp"
 #include "kernels/decode.cuh"
 #include "kernels/dense_rows.cuh"
@@ -35,11 +36,18 @@ namespace {
 
 GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }
 
+/// The masked gate GEMM's operands: z = X Wg^T into the gate buffer, the words into unit_masks.
+MaskedGateGemm masked_gate_operands(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
+                                    const FfnScratch &s) {
+    return {x.values, x.ld, st.gate.get(), p.dp, p.m, p.h, p.d, s.gate, s.ldg, s.unit_masks, (p.h + 31) / 32};
+}
+
 /// What one forward runs, chosen before anything is enqueued (and part of a captured call's key).
 struct ForwardPath {
     bool serve;           // the serving path: tensor-core gate with masks, then one gather kernel
     bool decode;          // the one-kernel decode path
     bool dense_mode;      // projections as cuBLAS GEMMs over every row
+    bool masked_gate;     // the gate through the masked gate GEMM, the lists from its unit words
     bool two_pass;        // sparse rows through the two-pass kernels (else the fused kernel)
     int64_t cublas_rows;  // rows of the dense list that go through cuBLAS GEMMs
 };
@@ -58,6 +66,9 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
     // no cuBLAS form here, so they stay sparse too
     const bool cublas = !p.deterministic && p.cublas_ok() && p.m > 0;
     path.dense_mode = !path.serve && !path.decode && cublas && st.dense_mode && y.order == TW_ORDER_ROW && y.ld % 8 == 0;
+    path.masked_gate = !path.serve && !path.decode && !path.dense_mode && st.masked_gate && p.cublas_ok() &&
+                       p.m >= heuristics::kMaskedGateMinTokens && x.order == TW_ORDER_ROW &&
+                       masked_gate_gemm_fits(p.type, masked_gate_operands(st, p, x, FfnScratch{}));
     path.two_pass = training || heuristics::two_pass_applies(p);
     path.cublas_rows = !path.serve && !path.decode && !path.dense_mode && cublas
                            ? heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m)
@@ -71,6 +82,18 @@ void run_gate_gemm(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, c
                    const FfnScratch &s) {
     st.gemm.run(stream, 1.0f, x, {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
                 {s.gate, s.ldg, p.gate_f32() ? TW_R_32F : p.type}, s.lt_workspace, s.lt_bytes);
+}
+
+/// The masked gate GEMM, then the unit lists from its words (instead of the cuBLAS gate GEMM and
+/// the packing pass over the gate values). Its gate values are already +0 where inactive.
+void run_masked_gate(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
+                     const FfnScratch &s, unsigned long long *neuron_counts) {
+    launch_masked_gate_gemm(stream, p.type, masked_gate_operands(st, p, x, s), st.device, st.sm_count);
+    check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
+    const MaskListArgs a{s.unit_masks, s.unit_words, p.m, p.tile, p.slots, s.cap, s.idx, s.count, s.row_nnz,
+                         s.dense_rows, s.dense_count, neuron_counts, s.row_limit};
+    lists_from_masks<<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(a);
+    check_launch("lists_from_masks");
 }
 
 // ---- launchers, in the order a forward runs them
@@ -134,7 +157,7 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.wgate = static_cast<const T *>(w.gate), a.pair = static_cast<const T *>(w.pair), a.pair_stride = w.pair_stride;
     a.gated = p.gated, a.write_h = write_h;
     a.gate = static_cast<T *>(s.gate), a.ldg = s.ldg;
-    a.masks = s.serve_masks, a.words = s.serve_words, a.tickets = s.serve_tickets;
+    a.masks = s.unit_masks, a.words = s.unit_words, a.tickets = s.serve_tickets;
     a.neuron_counts = neuron_counts;
     a.y = static_cast<T *>(y.ptr), a.y_rs = y.rs, a.y_cs = y.cs, a.y_vec = rows_vectorizable(y, p.d);
     a.partial = s.partial;
@@ -365,13 +388,17 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
         launch_finish<T>(stream, st, p, s, false, 0, hidden);
         return;
     }
-    run_gate_gemm(stream, st, p, operand(x), s);
-    if (path.dense_mode) {
-        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
-        launch_finish<T>(stream, st, p, s, false, 0, hidden);
-        return;
+    if (path.masked_gate) {
+        run_masked_gate(stream, st, p, x, s, st.neuron_counts());
+    } else {
+        run_gate_gemm(stream, st, p, operand(x), s);
+        if (path.dense_mode) {
+            if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
+            launch_finish<T>(stream, st, p, s, false, 0, hidden);
+            return;
+        }
+        launch_pack<T>(stream, p, s, st.neuron_counts(), hidden != nullptr, false);
     }
-    launch_pack<T>(stream, p, s, st.neuron_counts(), hidden != nullptr, false);
     if (path.cublas_rows > 0) {
         if constexpr (!std::is_same_v<T, float>)
             run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, hidden != nullptr);
@@ -400,7 +427,11 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
     }
     const FfnWeights w = st.weights(p);
     const MatrixArg xa = matrix_arg(x), ya = matrix_arg(y);
-    run_gate_gemm(stream, st, p, operand(x), s);
+    if (path.masked_gate) {
+        run_masked_gate(stream, st, p, x, s, st.neuron_counts());
+    } else {
+        run_gate_gemm(stream, st, p, operand(x), s);
+    }
     if (path.dense_mode) {
         // every row is saved as one the backward recomputes (through cuBLAS: see ffn_backward)
         if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
@@ -410,7 +441,7 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
         check_launch("all_rows_dense");
         return;
     }
-    launch_pack<T>(stream, p, s, st.neuron_counts(), false, false);
+    if (!path.masked_gate) launch_pack<T>(stream, p, s, st.neuron_counts(), false, false);
     if (path.cublas_rows > 0) {
         if constexpr (!std::is_same_v<T, float>) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, false);
     }
@@ -424,7 +455,7 @@ CallKey inference_key(const FfnProblem &p, const ForwardPath &path, const twDnMa
                       const twSpMatDescr *hidden, const void *workspace) {
     CallKey k;
     k.add(p.m).add(p.highest).add(p.deterministic).add(p.tile).add(p.slots);
-    k.add(path.serve).add(path.decode).add(path.dense_mode).add(path.two_pass).add(path.cublas_rows);
+    k.add(path.serve).add(path.decode).add(path.dense_mode).add(path.masked_gate).add(path.two_pass).add(path.cublas_rows);
     for (const twDnMatDescr *d : {&x, &y}) k.add(d->values).add(d->ld).add(d->order);
     k.add(workspace).add(hidden);
     if (hidden) {

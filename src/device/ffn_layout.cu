@@ -49,11 +49,11 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
         s.dec_list = c.take<int32_t>(static_cast<size_t>(p.m * blocks));
         s.dec_partial = c.take<float>(static_cast<size_t>(blocks * p.m * (p.dp + 1)));
     }
-    if (heuristics::serve_applies(p)) {
-        s.serve_words = (p.h + 31) / 32;
-        s.serve_masks = c.take<uint32_t>(static_cast<size_t>(p.m * s.serve_words));
-        s.serve_tickets = c.take<uint32_t>(static_cast<size_t>(p.m + 1));
+    if (p.cublas_ok()) {  // H / 8 bytes a token, 1/16 of the gate buffer
+        s.unit_words = (p.h + 31) / 32;
+        s.unit_masks = c.take<uint32_t>(static_cast<size_t>(p.m * s.unit_words));
     }
+    if (heuristics::serve_applies(p)) s.serve_tickets = c.take<uint32_t>(static_cast<size_t>(p.m + 1));
     s.splits = heuristics::fused_splits(p.m);
     s.partial = s.splits > 1 ? c.take<float>(static_cast<size_t>(s.splits * p.m * (p.dp + 1))) : nullptr;
     if (bytes) *bytes = c.used();

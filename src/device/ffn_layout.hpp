@@ -106,8 +106,8 @@ struct FfnScratch {
                             // the header, which decode places right before them
     int32_t *dec_list;      // decode: per token, the blocks that wrote a partial row
     float *dec_partial;     // decode: per block and token a partial y row, then per block l1
-    uint32_t *serve_masks;  // serving: M x serve_words active-unit words (bit b of word w: unit 32 w + b)
-    int64_t serve_words;
+    uint32_t *unit_masks;  // M x unit_words active-unit words (bit b of word w: unit 32 w + b), written by
+    int64_t unit_words;    // the serving gate or the masked gate GEMM (16-bit DEFAULT mode only)
     uint32_t *serve_tickets;  // serving: M + 1 tickets (per token, then the grid)
 };
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);

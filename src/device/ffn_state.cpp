@@ -32,6 +32,10 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, int sm_count
              static_cast<long long>(kMaxSparseCols), static_cast<long long>(p.h));
     auto st = std::make_unique<CudaFfnState>();
     st->sm_count = sm_count;
+    int major = 0;
+    check(cudaGetDevice(&st->device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st->device), "cudaDeviceGetAttribute");
+    st->masked_gate = masked_gate_gemm_built() && major == 9;
     const size_t eb = elem_bytes(p.type);
     st->gate.reset(static_cast<size_t>(p.h * p.dp) * eb);
     st->pair.reset(static_cast<size_t>(p.h * p.dp * (p.gated ? 2 : 1)) * eb);

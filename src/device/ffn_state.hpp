@@ -11,6 +11,7 @@
 #include "common/device_buffer.hpp"
 #include "ffn_layout.hpp"
 #include "gemm/lt_gemm.hpp"
+#include "gemm/masked_gate_gemm.hpp"
 #include "host/backend.hpp"
 
 namespace twblas::cuda {
@@ -21,6 +22,8 @@ struct CudaFfnState final : FfnState {
     DeviceBuffer counts;              // per-unit activation counts (H x int64)
     MappedHost<FfnFeedback> feedback;  // the finishing kernel publishes the statistics here
     int sm_count = 132;
+    int device = 0;
+    bool masked_gate = false;  // the masked gate GEMM runs here (built for sm_90a, an sm_90 GPU)
     GemmRunner gemm;  // cuBLASLt plans of this FFN's shapes (bounded)
     CallGraphs calls{8};
 

@@ -61,6 +61,16 @@ bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidde
 /// live in the same scratch). Depends on M alone, so results stay reproducible.
 int serve_splits(int64_t tokens);
 
+/// From this many tokens (past the serving path) the gate is the masked gate GEMM on sm_90: its
+/// epilogue writes the active-unit words, so the packing pass reads H / 8 bytes a token instead of
+/// the gate row. Overridable with -DTWBLAS_MASKED_GATE_MIN_TOKENS=N (a huge N turns it off) to
+/// time it against cuBLAS's gate and the packing pass at the same M.
+#ifdef TWBLAS_MASKED_GATE_MIN_TOKENS
+constexpr int64_t kMaskedGateMinTokens = TWBLAS_MASKED_GATE_MIN_TOKENS;
+#else
+constexpr int64_t kMaskedGateMinTokens = 257;
+#endif
+
 /// From this many tokens the sparse rows go through the two-pass kernels (a warp per active
 /// unit for u and h, then y by 512-column slices); below it through the fused kernel, whose
 /// units of a token are dealt to several teams (see fused_splits). Measured on an H100 at the

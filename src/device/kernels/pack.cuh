@@ -13,6 +13,19 @@ namespace twblas::cuda {
 
 constexpr int kPackAhead = 4;
 
+/// A token's verdict: its unit count, or -1 (a TwELL tile over capacity, counted in the
+/// statistics) / -2 (a long row) with a place in the dense list.
+__device__ inline void record_row(int64_t row, int total, bool overflow, int row_limit, int32_t *count,
+                                  int32_t *row_nnz, int32_t *dense_rows, uint32_t *dense_count) {
+    row_nnz[row] = total;
+    if (overflow || total > row_limit) {
+        count[row] = overflow ? -1 : -2;
+        dense_rows[atomicAdd(dense_count, 1u)] = static_cast<int32_t>(row);
+    } else {
+        count[row] = total;
+    }
+}
+
 template <class T>
 struct PackArgs {
     void *gate;
@@ -117,16 +130,64 @@ __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> a) {
         }
         return;
     }
-    if (lane == 0) {
-        a.row_nnz[row] = total;
-        // -1: a TwELL tile over capacity (counted in the statistics); -2: a long row
-        if (overflow || total > a.row_limit) {
-            a.count[row] = overflow ? -1 : -2;
-            a.dense_rows[atomicAdd(a.dense_count, 1u)] = static_cast<int32_t>(row);
-        } else {
-            a.count[row] = total;
+    if (lane == 0) record_row(row, total, overflow, a.row_limit, a.count, a.row_nnz, a.dense_rows, a.dense_count);
+}
+
+/// The packing pass's outputs (unit lists, counts, the dense list, per-unit counts) from the
+/// masked gate GEMM's active-unit words instead of the gate values: one warp per token reads
+/// H / 8 bytes instead of the whole 16-bit gate row (1/16 of the bytes). Same outputs as pack_rows
+/// in its sparse mode: units ascending, -1 for a TwELL tile over capacity, -2 for a long row.
+struct MaskListArgs {
+    const uint32_t *masks;
+    int64_t words, m;
+    int tile, slots, cap;
+    uint16_t *idx;
+    int32_t *count, *row_nnz, *dense_rows;
+    uint32_t *dense_count;
+    unsigned long long *neuron_counts;
+    int row_limit;
+};
+
+constexpr int kMaskAhead = 4;  // 32-word steps whose loads are in flight together
+
+__global__ void __launch_bounds__(128) lists_from_masks(MaskListArgs a) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+    if (row >= a.m) return;
+    const int lane = threadIdx.x & 31;
+    const int words_per_tile = a.tile / 32;  // 2, 4 or 8: a tile's words are adjacent lanes
+    const uint32_t *masks = a.masks + row * a.words;
+    uint16_t *idx = a.idx + row * a.cap;
+    int total = 0;
+    bool overflow = false;
+    for (int64_t w0 = 0; w0 < a.words; w0 += 32 * kMaskAhead) {
+        uint32_t ws[kMaskAhead];
+#pragma unroll
+        for (int s = 0; s < kMaskAhead; ++s) {
+            const int64_t w = w0 + s * 32 + lane;
+            ws[s] = w < a.words ? __ldcs(masks + w) : 0u;
+        }
+#pragma unroll
+        for (int s = 0; s < kMaskAhead; ++s) {
+            if (w0 + s * 32 >= a.words) break;  // the same for the whole warp
+            uint32_t bits = ws[s];
+            const int n = __popc(bits);
+            int tile_count = n;
+            for (int o = 1; o < words_per_tile; o <<= 1) tile_count += __shfl_xor_sync(kFullMask, tile_count, o);
+            overflow |= __any_sync(kFullMask, tile_count > a.slots);
+            const int incl = warp_scan_incl(n);
+            int pos = total + incl - n;
+            const int64_t base = (w0 + s * 32 + lane) * 32;
+            while (bits) {
+                const int b = __ffs(bits) - 1;
+                bits &= bits - 1;
+                if (pos < a.cap) idx[pos] = static_cast<uint16_t>(base + b);
+                ++pos;
+                if (a.neuron_counts) atomicAdd(a.neuron_counts + base + b, 1ull);
+            }
+            total += __shfl_sync(kFullMask, incl, 31);
         }
     }
+    if (lane == 0) record_row(row, total, overflow, a.row_limit, a.count, a.row_nnz, a.dense_rows, a.dense_count);
 }
 
 /// Per-unit activation counts of a dense forward, by columns: each thread counts 8 adjacent

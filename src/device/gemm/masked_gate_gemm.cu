@@ -1,0 +1,36 @@
+// Which builds and operands the masked gate GEMM takes, and the dispatch by type.
+#include "gemm/masked_gate_gemm.cuh"
+
+namespace twblas::cuda {
+
+namespace {
+bool aligned16(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+}  // namespace
+
+bool masked_gate_gemm_built() {
+    // CMake defines it when the build's architectures name sm_90a
+#if defined(TWBLAS_HAVE_SM90A)
+    return true;
+#else
+    return false;
+#endif
+}
+
+bool masked_gate_gemm_fits(twDataType_t type, const MaskedGateGemm &g) {
+    if (type != TW_R_16BF && type != TW_R_16F) return false;
+    // TMA: 16-byte aligned bases and row strides, and (CUTLASS's check) a reduction of whole
+    // 16-byte chunks; the epilogue's pair stores: an even ldg
+    if (!aligned16(g.x) || !aligned16(g.w) || g.ldx % 8 != 0 || g.ldw % 8 != 0 || g.k % 8 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(g.gate) % 4 != 0 || g.ldg % 2 != 0) return false;
+    constexpr int64_t kInt = int64_t{1} << 31;
+    return g.m > 0 && g.n > 0 && g.k > 0 && g.m < kInt && g.n < kInt && g.k < kInt && g.words * 32 >= g.n;
+}
+
+void launch_masked_gate_gemm(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g, int device, int sm_count) {
+    if (type == TW_R_16BF)
+        masked_gate::launch_typed<cutlass::bfloat16_t>(stream, g, device, sm_count);
+    else
+        masked_gate::launch_typed<cutlass::half_t>(stream, g, device, sm_count);
+}
+
+}  // namespace twblas::cuda

@@ -1,0 +1,6 @@
+// The masked gate GEMM for cutlass::half_t operands (see masked_gate_gemm.cuh).
+#include "gemm/masked_gate_gemm.cuh"
+
+namespace twblas::cuda::masked_gate {
+template void launch_typed<cutlass::half_t>(cudaStream_t, const MaskedGateGemm &, int, int);
+}  // namespace twblas::cuda::masked_gate
