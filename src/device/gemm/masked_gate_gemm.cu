@@ -19,9 +19,9 @@ bool masked_gate_gemm_built() {
 bool masked_gate_gemm_fits(twDataType_t type, const MaskedGateGemm &g) {
     if (type != TW_R_16BF && type != TW_R_16F) return false;
     // TMA: 16-byte aligned bases and row strides, and (CUTLASS's check) a reduction of whole
-    // 16-byte chunks; the epilogue's pair stores: an even ldg
+    // 16-byte chunks; the epilogue's 16-byte stores: gate rows on 16 bytes
     if (!aligned16(g.x) || !aligned16(g.w) || g.ldx % 8 != 0 || g.ldw % 8 != 0 || g.k % 8 != 0) return false;
-    if (reinterpret_cast<uintptr_t>(g.gate) % 4 != 0 || g.ldg % 2 != 0) return false;
+    if (!aligned16(g.gate) || g.ldg % 8 != 0) return false;
     constexpr int64_t kInt = int64_t{1} << 31;
     return g.m > 0 && g.n > 0 && g.k > 0 && g.m < kInt && g.n < kInt && g.k < kInt && g.words * 32 >= g.n;
 }
