@@ -117,17 +117,20 @@ template <class T, int kTileN> class MaskedEpilogue {
         static_assert(decltype(size(acc))::value == 4 * (kTileN / 8), "accumulators as wgmma lays them out");
         const int64_t m_total = get<0>(problem_shape_mnkl), n_total = get<1>(problem_shape_mnkl);
         const auto m_coord = get<0>(blk_coord_mnkl), n_coord = get<1>(blk_coord_mnkl);
-        // the coordinates of each accumulator, partitioned exactly as the accumulators are
-        Tensor c_tile = local_tile(make_identity_tensor(make_shape(m_total, n_total)), take<0, 2>(blk_shape_mnk),
-                                   make_coord(m_coord, n_coord));
-        Tensor c_thr = tiled_mma.get_thread_slice(thread_idx).partition_C(c_tile);
+        // the tile-local coordinates of each accumulator (a static shape: offsets known at compile
+        // time but for the thread's own), partitioned exactly as the accumulators are
+        Tensor c_thr = tiled_mma.get_thread_slice(thread_idx).partition_C(make_identity_tensor(take<0, 2>(blk_shape_mnk)));
 
         static_assert(kTileN % kPassCols == 0, "whole passes");
         const int64_t m0 = m_coord * size<0>(BlockShapeMNK{}), n0 = n_coord * kTileN;
         const int lane = thread_idx & 31;
         uint8_t *staging = reinterpret_cast<SharedStorage *>(smem)->staging[(threadIdx.x / 32) % kWarps];
         // this warp's 16 rows start at a multiple of 16 within the tile (wgmma: a warp per 16 rows)
-        const int64_t warp_row0 = m0 + ((get<0>(c_thr(0)) - m0) & ~int64_t{15});
+        const int warp_r0 = get<0>(c_thr(0)) & ~15;
+        const int64_t warp_row0 = m0 + warp_r0;
+        // rows and columns of this tile inside the problem (the last tiles are partial)
+        const int m_rem = static_cast<int>(min<int64_t>(m_total - m0, size<0>(BlockShapeMNK{})));
+        const int n_rem = static_cast<int>(min<int64_t>(n_total - n0, kTileN));
         uint32_t bits[2][kWords] = {};
         CUTLASS_PRAGMA_UNROLL
         for (int pass = 0; pass < kTileN / kPassCols; ++pass) {
@@ -136,15 +139,15 @@ template <class T, int kTileN> class MaskedEpilogue {
                 // i, i + 1: adjacent columns of one row (i / 4 counts 8-column blocks)
                 const int i = pass * kPassCols / 2 + j;
                 const int v1 = (i / 2) % 2, block = i / 4;
-                const int64_t row = get<0>(c_thr(i)), col = get<1>(c_thr(i));
+                const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
                 const uint32_t packed = R::pack2(acc(i), acc(i + 1));
-                const bool a0 = active_bits<R>(packed & 0xffffu) && col < n_total;
-                const bool a1 = active_bits<R>(packed >> 16) && col + 1 < n_total;
+                const bool a0 = active_bits<R>(packed & 0xffffu) && lc < n_rem;
+                const bool a1 = active_bits<R>(packed >> 16) && lc + 1 < n_rem;
                 // the pair's two bits at its 8-column block's place in the word; the lane's own
                 // offset inside the block (2 x its place in the quad) is applied once, below
                 bits[v1][block / 4] |= (static_cast<uint32_t>(a0) | static_cast<uint32_t>(a1) << 1) << (8 * (block % 4));
                 const uint32_t kept = packed & ((a0 ? 0xffffu : 0u) | (a1 ? 0xffff0000u : 0u));
-                const int64_t at = (row - warp_row0) * kPitch + (col - n0 - pass * kPassCols) * 2;
+                const int at = (lr - warp_r0) * kPitch + (lc - pass * kPassCols) * 2;
                 *reinterpret_cast<uint32_t *>(staging + at) = kept;
             }
             __syncwarp();
@@ -152,14 +155,14 @@ template <class T, int kTileN> class MaskedEpilogue {
             CUTLASS_PRAGMA_UNROLL
             for (int c = 0; c < 8; ++c) {
                 const int id = lane + 32 * c, r = id / 16, chunk = id % 16;
-                const int64_t row = warp_row0 + r, col = n0 + pass * kPassCols + chunk * 8;
+                const int lr = warp_r0 + r, lc = pass * kPassCols + chunk * 8;
                 const uint8_t *src = staging + r * kPitch + chunk * 16;
-                typename R::Native *p = params_.gate + row * params_.ldg + col;
-                if (row < m_total && col + 8 <= n_total) {  // ldg and the base on 16 bytes (fits)
+                typename R::Native *p = params_.gate + (warp_row0 + r) * params_.ldg + n0 + lc;
+                if (lr < m_rem && lc + 8 <= n_rem) {  // ldg and the base on 16 bytes (fits)
                     *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(src);
-                } else if (row < m_total && col < n_total) {
+                } else if (lr < m_rem && lc < n_rem) {
                     const auto *e = reinterpret_cast<const typename R::Native *>(src);
-                    for (int k = 0; k < n_total - col; ++k) p[k] = e[k];
+                    for (int k = 0; k < n_rem - lc; ++k) p[k] = e[k];
                 }
             }
             __syncwarp();
@@ -168,15 +171,14 @@ template <class T, int kTileN> class MaskedEpilogue {
         const int lane_shift = static_cast<int>(get<1>(c_thr(0)) & 7);  // this lane's columns in each block
         CUTLASS_PRAGMA_UNROLL
         for (int v1 = 0; v1 < 2; ++v1) {
-            const int64_t row = get<0>(c_thr(2 * v1));
+            const int lr = get<0>(c_thr(2 * v1));
             CUTLASS_PRAGMA_UNROLL
             for (int w = 0; w < kWords; ++w) {
                 uint32_t word = bits[v1][w] << lane_shift;
                 word |= __shfl_xor_sync(0xffffffffu, word, 1);
                 word |= __shfl_xor_sync(0xffffffffu, word, 2);
-                const int64_t wi = (n_coord * kTileN) / 32 + w;
-                if (w % 4 == quad_lane && row < m_total && wi * 32 < n_total)
-                    params_.masks[row * params_.words + wi] = word;
+                if (w % 4 == quad_lane && lr < m_rem && w * 32 < n_rem)
+                    params_.masks[(m0 + lr) * params_.words + n0 / 32 + w] = word;
             }
         }
     }
