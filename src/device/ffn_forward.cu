@@ -68,6 +68,7 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
     path.dense_mode = !path.serve && !path.decode && cublas && st.dense_mode && y.order == TW_ORDER_ROW && y.ld % 8 == 0;
     path.masked_gate = !path.serve && !path.decode && !path.dense_mode && st.masked_gate && p.cublas_ok() &&
                        p.m >= heuristics::kMaskedGateMinTokens && x.order == TW_ORDER_ROW &&
+                       // X and the weights decide; the workspace carver puts the gate on 16 bytes
                        masked_gate_gemm_fits(p.type, masked_gate_operands(st, p, x, FfnScratch{}));
     path.two_pass = training || heuristics::two_pass_applies(p);
     path.cublas_rows = !path.serve && !path.decode && !path.dense_mode && cublas
@@ -199,6 +200,17 @@ void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, 
                    dense_mode && p.gated ? static_cast<const T *>(s.up) : nullptr, dense_mode, s.row_l1};
     pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
     check_launch("pack_rows");
+}
+
+/// The gate and the unit lists of the sparse paths: the masked gate GEMM and the lists from its
+/// words, or cuBLAS's gate GEMM and the packing pass over the gate (zeroing the inactive units'
+/// values when a hidden output reads the gate buffer; the masked GEMM writes them as +0).
+template <class T>
+void run_gate_and_lists(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
+                        const twDnMatDescr &x, const FfnScratch &s, bool zero_inactive) {
+    if (path.masked_gate) return run_masked_gate(stream, st, p, x, s, st.neuron_counts());
+    run_gate_gemm(stream, st, p, operand(x), s);
+    launch_pack<T>(stream, p, s, st.neuron_counts(), zero_inactive, false);
 }
 
 /// Dense mode: the per-unit activation counts, by columns of the gate.
@@ -388,17 +400,13 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
         launch_finish<T>(stream, st, p, s, false, 0, hidden);
         return;
     }
-    if (path.masked_gate) {
-        run_masked_gate(stream, st, p, x, s, st.neuron_counts());
-    } else {
+    if (path.dense_mode) {
         run_gate_gemm(stream, st, p, operand(x), s);
-        if (path.dense_mode) {
-            if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
-            launch_finish<T>(stream, st, p, s, false, 0, hidden);
-            return;
-        }
-        launch_pack<T>(stream, p, s, st.neuron_counts(), hidden != nullptr, false);
+        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
+        launch_finish<T>(stream, st, p, s, false, 0, hidden);
+        return;
     }
+    run_gate_and_lists<T>(stream, st, p, path, x, s, hidden != nullptr);
     if (path.cublas_rows > 0) {
         if constexpr (!std::is_same_v<T, float>)
             run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, hidden != nullptr);
@@ -427,13 +435,9 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
     }
     const FfnWeights w = st.weights(p);
     const MatrixArg xa = matrix_arg(x), ya = matrix_arg(y);
-    if (path.masked_gate) {
-        run_masked_gate(stream, st, p, x, s, st.neuron_counts());
-    } else {
-        run_gate_gemm(stream, st, p, operand(x), s);
-    }
     if (path.dense_mode) {
         // every row is saved as one the backward recomputes (through cuBLAS: see ffn_backward)
+        run_gate_gemm(stream, st, p, operand(x), s);
         if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
         launch_finish<T>(stream, st, p, s, false, 0, nullptr);
         all_rows_dense<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(s.count, s.dense_rows,
@@ -441,7 +445,7 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
         check_launch("all_rows_dense");
         return;
     }
-    if (!path.masked_gate) launch_pack<T>(stream, p, s, st.neuron_counts(), false, false);
+    run_gate_and_lists<T>(stream, st, p, path, x, s, false);
     if (path.cublas_rows > 0) {
         if constexpr (!std::is_same_v<T, float>) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, false);
     }

@@ -188,7 +188,7 @@ template <class T, int kTileN> class MaskedEpilogue {
 };
 
 /// The kernel: tile shape, cluster shape and schedule are parameters so that a probe can time
-/// alternatives; the library instantiates the defaults only.
+/// alternatives (bench/probes/masked_gate_gemm_probe.cu); the library instantiates the defaults only.
 template <class T, class TileShape_ = Shape<_128, _256, _64>, class ClusterShape_ = Shape<_2, _1, _1>,
           class Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative>
 struct Kernel {
