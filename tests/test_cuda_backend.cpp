@@ -36,22 +36,25 @@ TEST_CASE("CUDA FFN: profiles, types and modes against the reference", "[cuda][f
 
 TEST_CASE("CUDA FFN: the masked gate GEMM's path (sm_90) at sizes off its tiles, padded X rows", "[cuda][ffn]") {
     // 600 and 1000 tokens: 128-row tiles with a partial last one; H = 1001 and 777: a partial
-    // 256-column tile and a partial last active-unit word; X rows padded (ld = D + 8)
+    // 256-column tile and a partial last active-unit word; X rows padded (ld = D + 8). Without a
+    // hidden output the GEMM writes only the gate chunks holding an active unit (the workspace
+    // holds garbage, never zeros): the dense path's rows (heavy, llm) must see the rest as +0.
     uint64_t seed = 40;
     for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})
-        for (twDataType_t t : {TW_R_16BF, TW_R_16F}) {
-            FfnCase c;
-            c.profile = profile;
-            c.type = t;
-            c.m = t == TW_R_16BF ? 600 : 1000;
-            c.d = 264;
-            c.h = t == TW_R_16BF ? 1001 : 777;
-            c.x_pad = 8;
-            c.gated = profile != tt::Profile::Llm;
-            c.hidden = profile == tt::Profile::Heavy ? 2 : 1;
-            c.seed = ++seed;
-            check_forward_case(c);
-        }
+        for (twDataType_t t : {TW_R_16BF, TW_R_16F})
+            for (bool with_hidden : {false, true}) {
+                FfnCase c;
+                c.profile = profile;
+                c.type = t;
+                c.m = t == TW_R_16BF ? 600 : 1000;
+                c.d = 264;
+                c.h = t == TW_R_16BF ? 1001 : 777;
+                c.x_pad = 8;
+                c.gated = profile != tt::Profile::Llm;
+                c.hidden = !with_hidden ? 0 : profile == tt::Profile::Heavy ? 2 : 1;
+                c.seed = ++seed;
+                check_forward_case(c);
+            }
 }
 
 TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the reference", "[cuda][ffn]") {

@@ -1,7 +1,9 @@
 // Probe (not part of the build): the masked gate GEMM's tile / cluster / schedule variants and an
 // epilogue that stores nothing, against cublasGemmEx, at the paper's gate shape (N = 5632,
 // K = 2048) for M = 512, 4096, 16384, 65536; and the library variant's values against
-// relu(cuBLAS). The measurements in bench/NOTES.md ("masked gate GEMM") came from it. Build here
+// relu(cuBLAS). Inputs: uniform values with a bias column (x[:, 0] = 1, w[:, 0] = -9.75) that
+// leaves ~0.5 % of the gate active, as in a trained sparse FFN (the epilogue writes only the
+// chunks holding an active unit, so its cost depends on the sparsity). The measurements in bench/NOTES.md ("masked gate GEMM") came from it. Build here
 // (from the repository root, after configuring `build`), run on the GPU machine:
 //   nvcc -arch=sm_90a -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DTWBLAS_HAVE_SM90A -Isrc \
 //     -Isrc/device -Iinclude -Ibuild/include -isystem .deps/cutlass/cutlass_library/source/include \
@@ -41,6 +43,7 @@ template <class T> struct NullKernel {
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 };
 template <class K> float time_variant(const char *name, const MaskedGateGemm &g, cudaStream_t st, int sms, std::vector<uint16_t> *out) {
+    if (out) cudaMemset(g.gate, 0, g.m * g.ldg * 2);  // the chunks it does not write read as +0
     masked_gate::launch_typed<BF, K>(st, g, 0, sms);
     cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
     cudaStreamSynchronize(st);
@@ -59,13 +62,25 @@ int main() {
     void *x, *w, *gate; uint32_t *masks;
     cudaMalloc(&x, Mmax * K * 2); cudaMalloc(&w, N * K * 2); cudaMalloc(&gate, Mmax * N * 2); cudaMalloc(&masks, Mmax * N / 8);
     { std::vector<uint16_t> h(Mmax * K); uint32_t s = 1; for (auto &v : h) { s = s * 1664525u + 1013904223u; float f = ((s >> 8) / 16777216.0f - 0.5f); uint32_t b; memcpy(&b, &f, 4); v = b >> 16; }
-      cudaMemcpy(x, h.data(), Mmax * K * 2, cudaMemcpyHostToDevice); cudaMemcpy(w, h.data(), N * K * 2, cudaMemcpyHostToDevice); }
+      for (int64_t r = 0; r < Mmax; ++r) h[r * K] = 0x3f80;  // 1.0: the bias column of x
+      cudaMemcpy(x, h.data(), Mmax * K * 2, cudaMemcpyHostToDevice);
+      for (int64_t r = 0; r < N; ++r) h[r * K] = 0xc11c;  // -9.75: the bias of each unit
+      cudaMemcpy(w, h.data(), N * K * 2, cudaMemcpyHostToDevice); }
     cudaStream_t st; cudaStreamCreate(&st);
     cublasHandle_t hb; cublasCreate(&hb); cublasSetStream(hb, st);
     for (int64_t M : {int64_t(512), int64_t(4096), int64_t(16384), Mmax}) {
-        MaskedGateGemm g{x, K, w, K, M, N, K, gate, N, masks, N / 32};
+        MaskedGateGemm g{x, K, w, K, M, N, K, gate, N, masks, N / 32, false};
         std::vector<uint16_t> ref, got;
         time_variant<masked_gate::Kernel<BF>>("coop 128x256 c2x1 (library)", g, st, sms, &ref);
+        {
+            std::vector<uint32_t> mk(M * N / 32);
+            cudaMemcpy(mk.data(), masks, mk.size() * 4, cudaMemcpyDeviceToHost);
+            size_t on = 0; for (uint32_t v : mk) on += __builtin_popcount(v);
+            printf("  active: %.3f %% of the gate (%.1f units per token)\n", 100.0 * on / (M * N), double(on) / M);
+        }
+        MaskedGateGemm whole = g;
+        whole.all_chunks = true;
+        time_variant<masked_gate::Kernel<BF>>("coop 128x256 c2x1 (library, all chunks)", whole, st, sms, nullptr);
         time_variant<NullKernel<BF>>("coop 128x256 c2x1 NULL epilogue", g, st, sms, nullptr);
         time_variant<masked_gate::Kernel<BF, Shape<_128, _256, _64>, Shape<_1, _2, _1>>>("coop 128x256 c1x2", g, st, sms, &got);
         time_variant<masked_gate::Kernel<BF, Shape<_128, _256, _64>, Shape<_1, _1, _1>>>("coop 128x256 c1x1", g, st, sms, nullptr);

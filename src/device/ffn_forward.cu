@@ -36,10 +36,12 @@ namespace {
 
 GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }
 
-/// The masked gate GEMM's operands: z = X Wg^T into the gate buffer, the words into unit_masks.
+/// The masked gate GEMM's operands: z = X Wg^T into the gate buffer (every chunk of it when
+/// `whole_gate`, else the chunks with an active unit), the words into unit_masks.
 MaskedGateGemm masked_gate_operands(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
-                                    const FfnScratch &s) {
-    return {x.values, x.ld, st.gate.get(), p.dp, p.m, p.h, p.d, s.gate, s.ldg, s.unit_masks, (p.h + 31) / 32};
+                                    const FfnScratch &s, bool whole_gate = false) {
+    return {x.values, x.ld, st.gate.get(), p.dp, p.m, p.h, p.d, s.gate, s.ldg, s.unit_masks, (p.h + 31) / 32,
+            whole_gate};
 }
 
 /// What one forward runs, chosen before anything is enqueued (and part of a captured call's key).
@@ -86,13 +88,16 @@ void run_gate_gemm(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, c
 }
 
 /// The masked gate GEMM, then the unit lists from its words (instead of the cuBLAS gate GEMM and
-/// the packing pass over the gate values). Its gate values are already +0 where inactive.
+/// the packing pass over the gate values). The GEMM writes the whole gate (inactive units +0)
+/// when a hidden output reads it, else only chunks with an active unit: the sparse rows read
+/// their active units only, and lists_from_masks zeroes the other chunks of the dense path's rows.
 void run_masked_gate(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
-                     const FfnScratch &s, unsigned long long *neuron_counts) {
-    launch_masked_gate_gemm(stream, p.type, masked_gate_operands(st, p, x, s), st.device, st.sm_count);
+                     const FfnScratch &s, unsigned long long *neuron_counts, bool whole_gate) {
+    launch_masked_gate_gemm(stream, p.type, masked_gate_operands(st, p, x, s, whole_gate), st.device, st.sm_count);
     check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
     const MaskListArgs a{s.unit_masks, s.unit_words, p.m, p.tile, p.slots, s.cap, s.idx, s.count, s.row_nnz,
-                         s.dense_rows, s.dense_count, neuron_counts, s.row_limit};
+                         s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
+                         whole_gate ? nullptr : static_cast<uint16_t *>(s.gate), s.ldg, p.h};
     lists_from_masks<<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(a);
     check_launch("lists_from_masks");
 }
@@ -208,7 +213,7 @@ void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, 
 template <class T>
 void run_gate_and_lists(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
                         const twDnMatDescr &x, const FfnScratch &s, bool zero_inactive) {
-    if (path.masked_gate) return run_masked_gate(stream, st, p, x, s, st.neuron_counts());
+    if (path.masked_gate) return run_masked_gate(stream, st, p, x, s, st.neuron_counts(), zero_inactive);
     run_gate_gemm(stream, st, p, operand(x), s);
     launch_pack<T>(stream, p, s, st.neuron_counts(), zero_inactive, false);
 }

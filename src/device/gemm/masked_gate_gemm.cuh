@@ -86,6 +86,7 @@ template <class T, int kTileN> class MaskedEpilogue {
         int64_t ldg;
         uint32_t *masks;
         int64_t words;
+        bool all_chunks;
     };
     using Params = Arguments;
 
@@ -157,9 +158,13 @@ template <class T, int kTileN> class MaskedEpilogue {
                 const int id = lane + 32 * c, r = id / 16, chunk = id % 16;
                 const int lr = warp_r0 + r, lc = pass * kPassCols + chunk * 8;
                 const uint8_t *src = staging + r * kPitch + chunk * 16;
+                const uint4 v = *reinterpret_cast<const uint4 *>(src);
+                // a chunk of inactive units only is all +0: skipped unless asked for
+                const bool live = params_.all_chunks || (v.x | v.y | v.z | v.w) != 0u;
                 typename R::Native *p = params_.gate + (warp_row0 + r) * params_.ldg + n0 + lc;
+                if (!live) continue;
                 if (lr < m_rem && lc + 8 <= n_rem) {  // ldg and the base on 16 bytes (fits)
-                    *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(src);
+                    *reinterpret_cast<uint4 *>(p) = v;
                 } else if (lr < m_rem && lc < n_rem) {
                     const auto *e = reinterpret_cast<const typename R::Native *>(src);
                     for (int k = 0; k < n_rem - lc; ++k) p[k] = e[k];
@@ -221,7 +226,7 @@ void launch_typed(cudaStream_t stream, const MaskedGateGemm &g, int device, int 
         cutlass::gemm::GemmUniversalMode::kGemm,
         {static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1},
         {static_cast<const T *>(g.x), sa, static_cast<const T *>(g.w), sb},
-        {static_cast<typename Round<T>::Native *>(g.gate), g.ldg, g.masks, g.words},
+        {static_cast<typename Round<T>::Native *>(g.gate), g.ldg, g.masks, g.words, g.all_chunks},
         cutlass::KernelHardwareInfo{device, sm_count}};
     Gemm gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess)

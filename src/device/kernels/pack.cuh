@@ -146,9 +146,30 @@ struct MaskListArgs {
     uint32_t *dense_count;
     unsigned long long *neuron_counts;
     int row_limit;
+    // the 16-bit gate the words came from, written only in chunks with an active unit: the chunks
+    // of a dense-path row whose mask byte is 0 are zeroed here (NULL: the gate is whole)
+    uint16_t *gate;
+    int64_t ldg, h;
 };
 
-constexpr int kMaskAhead = 4;  // 32-word steps whose loads are in flight together
+constexpr int kMaskAhead = 4;
+
+/// Zeroes the 8-column chunks of a gate row that hold no active unit (mask byte 0), so that the
+/// dense path reads the row whole; one warp, the row's words strided over its lanes.
+__device__ inline void zero_silent_chunks(const uint32_t *masks, int64_t words, uint16_t *gate, int64_t h, int lane) {
+    for (int64_t w = lane; w < words; w += 32) {
+        const uint32_t word = masks[w];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            const int64_t c = w * 32 + b * 8;
+            if ((word >> (8 * b)) & 0xffu || c >= h) continue;
+            if (c + 8 <= h)
+                *reinterpret_cast<uint4 *>(gate + c) = make_uint4(0, 0, 0, 0);  // ldg and the base on 16 bytes
+            else
+                for (int64_t k = c; k < h; ++k) gate[k] = 0;
+        }
+    }
+}  // 32-word steps whose loads are in flight together
 
 __global__ void __launch_bounds__(128) lists_from_masks(MaskListArgs a) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
@@ -188,6 +209,7 @@ __global__ void __launch_bounds__(128) lists_from_masks(MaskListArgs a) {
         }
     }
     if (lane == 0) record_row(row, total, overflow, a.row_limit, a.count, a.row_nnz, a.dense_rows, a.dense_count);
+    if (a.gate && (overflow || total > a.row_limit)) zero_silent_chunks(masks, a.words, a.gate + row * a.ldg, a.h, lane);
 }
 
 /// Per-unit activation counts of a dense forward, by columns: each thread counts 8 adjacent
