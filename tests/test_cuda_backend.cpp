@@ -387,7 +387,8 @@ TEST_CASE("CUDA: threads on every GPU, each with its own handle and FFN, give th
             pool.emplace_back([&, i] { got[static_cast<size_t>(i)] = forward_on_gpu(i % gpus, c, x, &wg, wu, wd, 3); });
         for (std::thread &t : pool) t.join();
         for (int i = 0; i < threads; ++i) {
-            INFO("type " << type << ", thread " << i << " on GPU " << i % gpus << " of " << gpus);
+            INFO("type " << type << ", thread " << i << " on GPU " << i % gpus << " of " << gpus << ": "
+                         << got[static_cast<size_t>(i)].error);
             REQUIRE(got[static_cast<size_t>(i)].error.empty());
             CHECK(got[static_cast<size_t>(i)].y_bits == cpu.y_bits);
         }

@@ -36,8 +36,8 @@ namespace {
 
 GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }
 
-/// The masked gate GEMM's operands: z = X Wg^T into the gate buffer (every chunk of it when
-/// `whole_gate`, else the chunks with an active unit), the words into unit_masks.
+/// The masked gate GEMM's operands: z = X Wg^T into the gate buffer (all of it when
+/// `whole_gate`, else its active values), the words into unit_masks.
 MaskedGateGemm masked_gate_operands(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
                                     const FfnScratch &s, bool whole_gate = false) {
     return {x.values, x.ld, st.gate.get(), p.dp, p.m, p.h, p.d, s.gate, s.ldg, s.unit_masks, (p.h + 31) / 32,
@@ -89,8 +89,8 @@ void run_gate_gemm(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, c
 
 /// The masked gate GEMM, then the unit lists from its words (instead of the cuBLAS gate GEMM and
 /// the packing pass over the gate values). The GEMM writes the whole gate (inactive units +0)
-/// when a hidden output reads it, else only chunks with an active unit: the sparse rows read
-/// their active units only, and lists_from_masks zeroes the other chunks of the dense path's rows.
+/// when a hidden output reads it, else its active values only: the sparse rows read nothing else,
+/// and lists_from_masks zeroes the other values of the dense path's rows.
 void run_masked_gate(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
                      const FfnScratch &s, unsigned long long *neuron_counts, bool whole_gate) {
     launch_masked_gate_gemm(stream, p.type, masked_gate_operands(st, p, x, s, whole_gate), st.device, st.sm_count);

@@ -31,6 +31,8 @@ template <class T> struct Round;
 template <> struct Round<cutlass::bfloat16_t> {
     using Native = __nv_bfloat16;
     static constexpr uint32_t kInf = 0x7f80u;
+    // the largest float that rounds to +0 (half the smallest subnormal, a tie to even)
+    static constexpr float kZeroMax = 0x1p-134f;
     __device__ static uint32_t pack2(float lo, float hi) {
         const __nv_bfloat162 v = __float22bfloat162_rn(make_float2(lo, hi));
         uint32_t u;
@@ -41,6 +43,7 @@ template <> struct Round<cutlass::bfloat16_t> {
 template <> struct Round<cutlass::half_t> {
     using Native = __half;
     static constexpr uint32_t kInf = 0x7c00u;
+    static constexpr float kZeroMax = 0x1p-25f;
     __device__ static uint32_t pack2(float lo, float hi) {
         const __half2 v = __floats2half2_rn(lo, hi);
         uint32_t u;
@@ -51,17 +54,25 @@ template <> struct Round<cutlass::half_t> {
 template <class R> __device__ inline bool active_bits(uint32_t b) {
     return (b != 0u && b < 0x8000u) || (b & 0x7fffu) > R::kInf;
 }
+/// The same test on the accumulator before rounding, in one comparison: the rounded value is > 0
+/// exactly when the float is above kZeroMax, and NaN fails every comparison (no flush to zero:
+/// the library is built without -ftz, so subnormal accumulators compare as they are).
+template <class R> __device__ inline bool active_float(float v) { return !(v <= R::kZeroMax); }
 
-/// The epilogue: each thread rounds its accumulators, zeroes the inactive ones and ORs its active
-/// bits into the row's 32-column words; the four lanes of a quad hold the same rows (wgmma's
-/// accumulator layout), so two shuffles complete a word. The values go out through shared
-/// memory: each warp owns 16 rows of the tile, stages them 128 columns at a time and writes whole
-/// 16-byte chunks, 256 contiguous bytes per row. Measured on an H100 at M = 16384 (probe, against
-/// cuBLAS's ~500 us in the same run): stores straight from the registers (pairs of columns 8 rows
-/// apart: 8 partial lines per instruction) 615 us; staged 16-byte stores 561-568 us; the same
-/// with each row handed to the TMA engine as a bulk asynchronous copy 568 us (no gain, not
-/// kept); the mainloop alone (an epilogue storing nothing) 480-492 us. Plugged into the kernel
-/// through CUTLASS's adapter for epilogues without a TMA pipeline.
+/// The epilogue: each thread tests its accumulators and ORs its active bits into the row's
+/// 32-column words; the four lanes of a quad hold the same rows (wgmma's accumulator layout), so
+/// two shuffles complete a word. The values go out in one of two ways (a run-time choice, uniform
+/// over the kernel): only the active ones, each on its own from the registers (store_active); or
+/// all of them, inactive ones +0, staged per warp in shared memory and written as whole 16-byte
+/// chunks (store_staged), for a hidden output that reads the whole gate. Measured on an H100 at
+/// M = 16384, ~0.5 % active (bench/probes/masked_gate_gemm_probe.cu, against cuBLAS's 482-489 us
+/// and an epilogue storing nothing, 470-479 us, in the same run): every value from the registers
+/// (pairs 8 rows apart: 8 partial lines per instruction) 615 us; staged 16-byte stores 545-558 us
+/// (~3 us a tile: the rounding, tests and staging of 128 values a thread, with 2 warps a
+/// scheduler to hide latency); each staged row as a TMA bulk copy 568 us (not kept); active
+/// values only, tested on the float before rounding, 492 us (M = 65536: 1941 us against 2200
+/// for cuBLAS). Plugged into the kernel through CUTLASS's adapter for epilogues without a TMA
+/// pipeline.
 template <class T, int kTileN> class MaskedEpilogue {
   public:
     using R = Round<T>;
@@ -133,6 +144,43 @@ template <class T, int kTileN> class MaskedEpilogue {
         const int m_rem = static_cast<int>(min<int64_t>(m_total - m0, size<0>(BlockShapeMNK{})));
         const int n_rem = static_cast<int>(min<int64_t>(n_total - n0, kTileN));
         uint32_t bits[2][kWords] = {};
+        if (params_.all_chunks)
+            store_staged(acc, c_thr, staging, warp_r0, warp_row0, m_rem, n_rem, n0, lane, bits);
+        else
+            store_active(acc, c_thr, m0, n0, m_rem, n_rem, bits);
+        store_words(c_thr, m0, n0, m_rem, n_rem, thread_idx, bits);
+    }
+
+  private:
+    /// Only the active values, each stored on its own from the registers (~0.5 % of them in a
+    /// trained FFN): no staging, a comparison and the word bits per value. A reader of whole
+    /// rows must zero the inactive values first (lists_from_masks, for the dense path's rows).
+    template <class Acc, class Coord>
+    CUTLASS_DEVICE void store_active(Acc const &acc, Coord const &c_thr, int64_t m0, int64_t n0, int m_rem, int n_rem,
+                                     uint32_t (&bits)[2][kTileN / 32]) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kTileN / 2; i += 2) {
+            const int v1 = (i / 2) % 2, block = i / 4;
+            const bool a0 = active_float<R>(acc(i)), a1 = active_float<R>(acc(i + 1));
+            // out-of-range accumulators are zero unless an input holds inf or NaN: the words
+            // are clipped to the tile's columns below, and the stores here
+            bits[v1][block / 4] |= (static_cast<uint32_t>(a0) | static_cast<uint32_t>(a1) << 1) << (8 * (block % 4));
+            if (a0 | a1) {
+                const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
+                const uint32_t packed = R::pack2(acc(i), acc(i + 1));
+                uint16_t *p = reinterpret_cast<uint16_t *>(params_.gate + (m0 + lr) * params_.ldg + n0 + lc);
+                if (lr < m_rem && a0 && lc < n_rem) p[0] = static_cast<uint16_t>(packed);
+                if (lr < m_rem && a1 && lc + 1 < n_rem) p[1] = static_cast<uint16_t>(packed >> 16);
+            }
+        }
+    }
+
+    /// Every value, inactive ones +0, through shared memory: each warp stages its 16 rows 128
+    /// columns at a time and writes whole 16-byte chunks, 256 contiguous bytes per row.
+    template <class Acc, class Coord>
+    CUTLASS_DEVICE void store_staged(Acc const &acc, Coord const &c_thr, uint8_t *staging, int warp_r0,
+                                     int64_t warp_row0, int m_rem, int n_rem, int64_t n0, int lane,
+                                     uint32_t (&bits)[2][kTileN / 32]) {
         CUTLASS_PRAGMA_UNROLL
         for (int pass = 0; pass < kTileN / kPassCols; ++pass) {
             CUTLASS_PRAGMA_UNROLL
@@ -158,13 +206,9 @@ template <class T, int kTileN> class MaskedEpilogue {
                 const int id = lane + 32 * c, r = id / 16, chunk = id % 16;
                 const int lr = warp_r0 + r, lc = pass * kPassCols + chunk * 8;
                 const uint8_t *src = staging + r * kPitch + chunk * 16;
-                const uint4 v = *reinterpret_cast<const uint4 *>(src);
-                // a chunk of inactive units only is all +0: skipped unless asked for
-                const bool live = params_.all_chunks || (v.x | v.y | v.z | v.w) != 0u;
                 typename R::Native *p = params_.gate + (warp_row0 + r) * params_.ldg + n0 + lc;
-                if (!live) continue;
                 if (lr < m_rem && lc + 8 <= n_rem) {  // ldg and the base on 16 bytes (fits)
-                    *reinterpret_cast<uint4 *>(p) = v;
+                    *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(src);
                 } else if (lr < m_rem && lc < n_rem) {
                     const auto *e = reinterpret_cast<const typename R::Native *>(src);
                     for (int k = 0; k < n_rem - lc; ++k) p[k] = e[k];
@@ -172,6 +216,14 @@ template <class T, int kTileN> class MaskedEpilogue {
             }
             __syncwarp();
         }
+    }
+
+    /// The words: the lane's bits moved to its columns, ORed over the quad (two shuffles), clipped
+    /// to the tile's columns, one store per (row, 32 columns).
+    template <class Coord>
+    CUTLASS_DEVICE void store_words(Coord const &c_thr, int64_t m0, int64_t n0, int m_rem, int n_rem, int thread_idx,
+                                    uint32_t (&bits)[2][kTileN / 32]) {
+        constexpr int kWords = kTileN / 32;
         const int quad_lane = thread_idx & 3;
         const int lane_shift = static_cast<int>(get<1>(c_thr(0)) & 7);  // this lane's columns in each block
         CUTLASS_PRAGMA_UNROLL
@@ -182,13 +234,14 @@ template <class T, int kTileN> class MaskedEpilogue {
                 uint32_t word = bits[v1][w] << lane_shift;
                 word |= __shfl_xor_sync(0xffffffffu, word, 1);
                 word |= __shfl_xor_sync(0xffffffffu, word, 2);
+                const int valid = n_rem - w * 32;  // columns of this word inside the problem
+                if (valid < 32) word &= valid > 0 ? (1u << valid) - 1u : 0u;
                 if (w % 4 == quad_lane && lr < m_rem && w * 32 < n_rem)
                     params_.masks[(m0 + lr) * params_.words + n0 / 32 + w] = word;
             }
         }
     }
 
-  private:
     Params params_;
 };
 

@@ -146,30 +146,34 @@ struct MaskListArgs {
     uint32_t *dense_count;
     unsigned long long *neuron_counts;
     int row_limit;
-    // the 16-bit gate the words came from, written only in chunks with an active unit: the chunks
-    // of a dense-path row whose mask byte is 0 are zeroed here (NULL: the gate is whole)
+    // the 16-bit gate the words came from, written at active units only: the other values of
+    // a dense-path row are zeroed here (NULL: the gate is whole, inactive units +0)
     uint16_t *gate;
     int64_t ldg, h;
 };
 
 constexpr int kMaskAhead = 4;
 
-/// Zeroes the 8-column chunks of a gate row that hold no active unit (mask byte 0), so that the
-/// dense path reads the row whole; one warp, the row's words strided over its lanes.
-__device__ inline void zero_silent_chunks(const uint32_t *masks, int64_t words, uint16_t *gate, int64_t h, int lane) {
-    for (int64_t w = lane; w < words; w += 32) {
-        const uint32_t word = masks[w];
+/// Zeroes the values of a gate row at its inactive units (the masked GEMM wrote only the active
+/// ones), so that the dense path reads the row whole: one warp, 8-column chunks over its lanes,
+/// chunks without an active unit written without being read.
+__device__ inline void zero_inactive_units(const uint32_t *masks, uint16_t *gate, int64_t h, int lane) {
+    for (int64_t c = static_cast<int64_t>(lane) * 8; c < h; c += 32 * 8) {
+        const unsigned live = (masks[c / 32] >> (c % 32)) & 0xffu;
+        uint16_t v[8] = {};
+        const bool whole = c + 8 <= h;  // ldg and the row base on 16 bytes
+        if (live && whole) memcpy(v, gate + c, 16);
+        if (live && !whole)
+            for (int k = 0; c + k < h; ++k) v[k] = gate[c + k];
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            const int64_t c = w * 32 + b * 8;
-            if ((word >> (8 * b)) & 0xffu || c >= h) continue;
-            if (c + 8 <= h)
-                *reinterpret_cast<uint4 *>(gate + c) = make_uint4(0, 0, 0, 0);  // ldg and the base on 16 bytes
-            else
-                for (int64_t k = c; k < h; ++k) gate[k] = 0;
-        }
+        for (int k = 0; k < 8; ++k)
+            if (!(live >> k & 1u)) v[k] = 0;
+        if (whole)
+            *reinterpret_cast<uint4 *>(gate + c) = *reinterpret_cast<const uint4 *>(v);
+        else
+            for (int k = 0; c + k < h; ++k) gate[c + k] = v[k];
     }
-}  // 32-word steps whose loads are in flight together
+}
 
 __global__ void __launch_bounds__(128) lists_from_masks(MaskListArgs a) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
@@ -209,7 +213,7 @@ __global__ void __launch_bounds__(128) lists_from_masks(MaskListArgs a) {
         }
     }
     if (lane == 0) record_row(row, total, overflow, a.row_limit, a.count, a.row_nnz, a.dense_rows, a.dense_count);
-    if (a.gate && (overflow || total > a.row_limit)) zero_silent_chunks(masks, a.words, a.gate + row * a.ldg, a.h, lane);
+    if (a.gate && (overflow || total > a.row_limit)) zero_inactive_units(masks, a.gate + row * a.ldg, a.h, lane);
 }
 
 /// Per-unit activation counts of a dense forward, by columns: each thread counts 8 adjacent
