@@ -12,6 +12,8 @@
 //   conv/cusparse_dense_to_csr    cusparseDenseToSparse_analysis + _convert (CSR, int32 indices,
 //                                 bf16 values; arrays allocated beforehand at the analysis's size)
 //   conv/cusparse_csr_to_dense    cusparseSparseToDense of that CSR
+//   conv/twblas_gemm_to_twell     twGemmToSparse(1, X, Wg, that TwELL, RELU): the gate GEMM into it
+//   conv/cublas_gate_gemm         its baseline: cuBLASLt's X Wg^T into a dense bf16 output
 //
 // Timing: the twblas calls are setup calls that may synchronise (their status depends on the
 // data), so they cannot be captured in a graph; every entry, cuSPARSE's too, is timed the same
@@ -36,6 +38,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -69,6 +73,7 @@ struct Activation {
     int32_t twell_compression = -1;               // chosen by the analysis; 0: none fits; -1: not tried
     std::map<std::string, std::string> verdicts;  // check -> "" (exact) or what went wrong
     twHandle_t handle = nullptr;                  // CUDA backend on env.stream
+    std::shared_ptr<Problem> problem;             // X and Wg, for the GEMM entries
     ~Activation() { twDestroy(handle); }
 };
 std::unique_ptr<Activation> current;
@@ -106,6 +111,7 @@ Activation &activation(const std::string &profile, int64_t m) {
     if (a->nnz == 0) throw std::runtime_error("conversions: the activation is all zeros");  // never time zeros
     ck(twCreateWithBackend(&a->handle, TW_BACKEND_CUDA), nullptr, "twCreateWithBackend(CUDA)");
     ck(twSetStream(a->handle, env.stream), a->handle, "twSetStream");
+    a->problem = p;
     current = std::move(a);
     return *current;
 }
@@ -353,6 +359,68 @@ void bm_twell_info(benchmark::State &state, Shape, std::string profile, int64_t,
     add_counters(state, a, conv->out().bytes);
 }
 
+/// twGemmToSparse(1, X, Wg, TwELL, RELU): the gate GEMM straight into the TwELL of the dense
+/// entries (same compression), X rotated over the instances. Checked against the activation
+/// (cuBLASLt's GEMM, ReLU): the two GEMMs sum in different orders, so values may differ in their
+/// last bits; the check wants every value within 2 % (or 1e-3) and activity on the same units
+/// but where the value is within 1e-3 of 0.
+void bm_gemm_to_twell(benchmark::State &state, Shape, std::string profile, int64_t, int64_t m) {
+    Activation &a = activation(profile, m);
+    auto conv = filled_twell(state, a);
+    if (!conv) return;
+    Sparse &out = conv->out();
+    const Problem &p = *a.problem;
+    std::vector<Dn> x;
+    for (auto &xi : p.x) x.push_back(dense_descr(xi->get(), m, kShape.d));
+    const Dn wg = dense_descr(p.wgu[0]->get(), kShape.h, kShape.d);
+    size_t bytes = 0;
+    ck(twGemmToSparse_bufferSize(a.handle, x[0].get(), wg.get(), out.descr, TW_CONVERT_RELU, &bytes), a.handle,
+       "twGemmToSparse_bufferSize");
+    DeviceMemory ws(bytes);
+    auto call = [&](int inst) {
+        ck(twGemmToSparse(a.handle, 1.0f, x[static_cast<size_t>(inst)].get(), wg.get(), out.descr, TW_CONVERT_RELU,
+                          ws.get()),
+           a.handle, "twGemmToSparse");
+    };
+    auto check = [&] {
+        call(0);
+        DeviceMemory back(dense_count(m) * 2);
+        const Dn d = dense_descr(back.get(), m, kShape.h);
+        const std::string f = failure(twSparseToDense(a.handle, out.descr, d.get()), a.handle, "twSparseToDense");
+        if (!f.empty()) return f;
+        const std::vector<uint16_t> got = download(back.get(), dense_count(m));
+        auto value = [](uint16_t b) {
+            const uint32_t u = static_cast<uint32_t>(b) << 16;
+            float v;
+            std::memcpy(&v, &u, sizeof v);
+            return v;
+        };
+        for (size_t i = 0; i < got.size(); ++i) {
+            const float g = value(got[i]), w = value(a.host[i]);
+            if (std::fabs(g - w) > std::max(0.02f * std::fabs(w), 1e-3f))
+                return "value " + std::to_string(g) + " against cuBLAS's " + std::to_string(w) + " at (" +
+                       std::to_string(i / kShape.h) + ", " + std::to_string(i % kShape.h) + ")";
+        }
+        return std::string();
+    };
+    if (!verified(state, a, "gemm to twell", check)) return;
+    time_host(state, [&](int run) { call(run % kInstances); });
+    add_counters(state, a, dense_bytes(m, kShape.d) + dense_bytes(kShape.h, kShape.d) + out.bytes);
+}
+
+/// The baseline of bm_gemm_to_twell: cuBLASLt's X Wg^T into a dense bf16 output, nothing else.
+void bm_cublas_gate_gemm(benchmark::State &state, Shape, std::string profile, int64_t, int64_t m) {
+    Activation &a = activation(profile, m);
+    const Problem &p = *a.problem;
+    tt::LtGemm gemm;
+    DeviceMemory ws(tt::LtGemm::kWorkspaceBytes), out(dense_count(m) * 2);
+    time_host(state, [&](int run) {
+        gemm.run(env.stream, {p.x[static_cast<size_t>(run % kInstances)]->get(), m, kShape.d, kShape.d},
+                 {p.wgu[0]->get(), kShape.h, kShape.d, kShape.d}, {out.get(), kShape.h}, ws.get(), ws.bytes());
+    });
+    add_counters(state, a, dense_bytes(m, kShape.d) + dense_bytes(kShape.h, kShape.d) + dense_bytes(m, kShape.h));
+}
+
 /// The filled hybrid; its backup rows come from the host counts, so every row fits.
 std::unique_ptr<ToSparse> filled_hybrid(benchmark::State &state, Activation &a) {
     auto conv =
@@ -495,6 +563,7 @@ void register_conversions() {
         {"twblas_twell_validate", bm_twell_validate},        {"twblas_twell_info", bm_twell_info},
         {"twblas_dense_to_hybrid", bm_dense_to_hybrid},      {"twblas_hybrid_transpose", bm_hybrid_transpose},
         {"cusparse_dense_to_csr", bm_cusparse_dense_to_csr}, {"cusparse_csr_to_dense", bm_cusparse_csr_to_dense},
+        {"twblas_gemm_to_twell", bm_gemm_to_twell},          {"cublas_gate_gemm", bm_cublas_gate_gemm},
     };
     for (const char *profile : {"uniform-29", "llm-29"})
         for (int64_t m : {4096, 16384, 65536})  // each (profile, M) group runs on one generated matrix

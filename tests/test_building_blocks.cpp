@@ -71,15 +71,16 @@ SparseResult gemm_to_sparse(twBackend_t backend, float alpha, const Dense &a, co
     Handle h(backend);
     Buffers buf(backend);
     const twDnMatDescr_t A = buf.input(a), B = buf.input(b);
-    const twSpMatDescr_t c = make_container(buf, f, a.rows, b.rows, TW_R_16BF);
+    const twSpMatDescr_t c = make_container(buf, f, a.rows, b.rows, a.type);
     size_t bytes = 0;
     TW_REQUIRE_OK(h, twGemmToSparse_bufferSize(h, A, B, c, act, &bytes));
     TW_REQUIRE_OK(h, twGemmToSparse(h, alpha, A, B, c, act, buf.memory(bytes)));
-    return read_back(h, buf, c, TW_R_16BF);
+    return read_back(h, buf, c, a.type);
 }
 
 /// The oracle of gemm_to_sparse on the backend under test.
-SparseResult expected_gemm_to_sparse(float alpha, const Dense &a, const Dense &b, const Format &f, twConvertOp_t act) {
+SparseResult expected_gemm_to_sparse(float alpha, const Dense &a, const Dense &b, const Format &f, twConvertOp_t act,
+                                     twDataType_t t = TW_R_16BF) {
     if (kOnCuda) return gemm_to_sparse(TW_BACKEND_CPU, alpha, a, b, f, act);
     SparseResult r;
     for (int64_t i = 0; i < a.rows; ++i)
@@ -87,7 +88,7 @@ SparseResult expected_gemm_to_sparse(float alpha, const Dense &a, const Dense &b
             double z = 0;
             for (int64_t q = 0; q < a.cols; ++q) z += double(a.get(i, q)) * b.get(j, q);
             z *= alpha;  // exact in bf16 here: small integers times 0.5
-            r.bits.push_back(value_bits(TW_R_16BF, static_cast<float>(act == TW_CONVERT_RELU ? std::max(z, 0.0) : z)));
+            r.bits.push_back(value_bits(t, static_cast<float>(act == TW_CONVERT_RELU ? std::max(z, 0.0) : z)));
         }
     return r;
 }
@@ -165,6 +166,34 @@ TEST_CASE("building blocks: twGemmToSparse writes act(alpha A B^T) exactly with 
                 check_container(got, expected_gemm_to_sparse(0.5f, a, b, f, act), kOnCuda);
             }
     }
+}
+
+TEST_CASE("building blocks: twGemmToSparse in the gate's shape (row-major 16-bit A and B, RELU, alpha 1)",
+          "[building_blocks]" TWTEST_BACKEND_TAG) {
+    // The operands the CUDA backend gives the masked gate GEMM on sm_90 (it writes the active
+    // values only, into a workspace holding garbage): M = 300 and N = 600 off its 128 x 256
+    // tiles, K = 40. Small integers and a bias column (a[:, 0] = 1, b[:, 0] = -8) leave a few
+    // percent of C positive; `heavy` rows (a[r, 0] = -1) are mostly positive and overflow the
+    // TwELL tiles (their count is compared) and the hybrid's ELL width (backed up, compared).
+    const int64_t m = 300, n = 600, k = 40;
+    for (twDataType_t t : {TW_R_16BF, TW_R_16F})
+        for (bool heavy : {false, true}) {
+            std::mt19937_64 rng(heavy ? 17 : 13);
+            Dense a(m, k, t), b(n, k, t);
+            fill_integers(a, rng, 1);
+            fill_integers(b, rng, 1);
+            for (int64_t r = 0; r < m; ++r) a.set(r, 0, heavy && r % 37 == 5 ? -1.0f : 1.0f);
+            for (int64_t r = 0; r < n; ++r) b.set(r, 0, -8.0f);
+            for (const Format &f : {Format{true, 256, 4}, Format{false, 32, 0}}) {
+                INFO((t == TW_R_16BF ? "bf16" : "fp16") << (heavy ? " heavy" : "") << (f.twell ? " TwELL" : " hybrid"));
+                const SparseResult got = gemm_to_sparse(kBackend, 1.0f, a, b, f, TW_CONVERT_RELU);
+                const SparseResult want = expected_gemm_to_sparse(1.0f, a, b, f, TW_CONVERT_RELU, t);
+                CHECK(got.info.nnz > 0);
+                if (f.twell) CHECK((got.info.overflowRows > 0) == heavy);
+                if (!f.twell || !heavy) REQUIRE(!got.bits.empty());
+                check_container(got, want, kOnCuda);
+            }
+        }
 }
 
 TEST_CASE("building blocks: twDenseToSparse and twSpMM are exact on small-integer data",

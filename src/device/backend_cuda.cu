@@ -8,7 +8,9 @@
 
 #include <cstdio>
 
+#include "common/device_info.hpp"
 #include "common/pointer_check.hpp"
+#include "gemm/masked_gate_gemm.hpp"
 #include "container_ops.hpp"
 #include "ffn_backward.hpp"
 #include "ffn_forward.hpp"
@@ -51,16 +53,27 @@ bool binary_runs_on_device() {
     return false;
 }
 
-int device_sm_count() {
-    int device = 0, sms = 132;
-    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    return sms;
+}  // namespace
+
+namespace cuda {
+DeviceInfo current_device_info() {
+    DeviceInfo info;
+    int major = 0;
+    if (cudaGetDevice(&info.device) == cudaSuccess) {
+        cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, info.device);
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, info.device);
+    }
+    info.masked_gate = masked_gate_gemm_built() && major == 9;
+    return info;
 }
+}  // namespace cuda
+
+namespace {
 
 class CudaBackend final : public Backend {
   public:
     explicit CudaBackend(void *const *stream_slot)
-        : stream_slot_(stream_slot), sm_count_(device_sm_count()) {}
+        : stream_slot_(stream_slot), device_(cuda::current_device_info()) {}
     twBackend_t kind() const override { return TW_BACKEND_CUDA; }
 
     // ---- inspection and conversions (setup calls: they read back the bytes that decide their status)
@@ -97,7 +110,7 @@ class CudaBackend final : public Backend {
     }
     void gemm_to_sparse(float alpha, const twDnMatDescr &a, const twDnMatDescr &b, const twSpMatDescr &c,
                         twConvertOp_t act, void *workspace) override {
-        cuda::gemm_to_sparse(stream(), gemm_, alpha, a, b, c, act, workspace);
+        cuda::gemm_to_sparse(stream(), gemm_, device_, alpha, a, b, c, act, workspace);
     }
     size_t spmm_workspace(const twSpMatDescr &, const twDnMatDescr &, const twDnMatDescr &) override { return 0; }
     twStatus_t spmm(float alpha, const twSpMatDescr &s, const twDnMatDescr &w, float beta, const twDnMatDescr &y,
@@ -111,7 +124,7 @@ class CudaBackend final : public Backend {
     // ---- fused feed-forward
     std::unique_ptr<FfnState> ffn_create(const twFfnDescr &ffn, const twDnMatDescr *wg, const twDnMatDescr &wu,
                                          const twDnMatDescr &wd) override {
-        std::unique_ptr<cuda::CudaFfnState> st = cuda::make_ffn_state(ffn, sm_count_, stream());
+        std::unique_ptr<cuda::CudaFfnState> st = cuda::make_ffn_state(ffn, device_, stream());
         cuda::ffn_repack_weights(stream(), *st, cuda::problem_of(ffn, 0), wg, wu, wd);
         return st;
     }
@@ -177,7 +190,7 @@ class CudaBackend final : public Backend {
 
     void *const *stream_slot_;
     cuda::ContainerOps containers_;
-    int sm_count_;
+    cuda::DeviceInfo device_;
     cuda::GemmRunner gemm_;  // the building blocks' cuBLASLt plans
 };
 

@@ -36,12 +36,11 @@ namespace {
 
 GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }
 
-/// The masked gate GEMM's operands: z = X Wg^T into the gate buffer (all of it when
-/// `whole_gate`, else its active values), the words into unit_masks.
+/// The masked gate GEMM's operands: z = X Wg^T into the gate buffer (its active values), the
+/// words into unit_masks.
 MaskedGateGemm masked_gate_operands(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
-                                    const FfnScratch &s, bool whole_gate = false) {
-    return {x.values, x.ld, st.gate.get(), p.dp, p.m, p.h, p.d, s.gate, s.ldg, s.unit_masks, (p.h + 31) / 32,
-            whole_gate};
+                                    const FfnScratch &s) {
+    return {x.values, x.ld, st.gate.get(), p.dp, p.m, p.h, p.d, s.gate, s.ldg, s.unit_masks, (p.h + 31) / 32};
 }
 
 /// What one forward runs, chosen before anything is enqueued (and part of a captured call's key).
@@ -88,16 +87,16 @@ void run_gate_gemm(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, c
 }
 
 /// The masked gate GEMM, then the unit lists from its words (instead of the cuBLAS gate GEMM and
-/// the packing pass over the gate values). The GEMM writes the whole gate (inactive units +0)
-/// when a hidden output reads it, else its active values only: the sparse rows read nothing else,
-/// and lists_from_masks zeroes the other values of the dense path's rows.
+/// the packing pass over the gate values). The GEMM writes the gate's active values only: the
+/// sparse rows read nothing else, lists_from_masks zeroes the rest of the dense path's rows, and
+/// the hidden output reads the gate buffer under the words (gate_mask).
 void run_masked_gate(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
-                     const FfnScratch &s, unsigned long long *neuron_counts, bool whole_gate) {
-    launch_masked_gate_gemm(stream, p.type, masked_gate_operands(st, p, x, s, whole_gate), st.device, st.sm_count);
+                     const FfnScratch &s, unsigned long long *neuron_counts) {
+    launch_masked_gate_gemm(stream, p.type, masked_gate_operands(st, p, x, s), st.device, st.sm_count);
     check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
     const MaskListArgs a{s.unit_masks, s.unit_words, p.m, p.tile, p.slots, s.cap, s.idx, s.count, s.row_nnz,
                          s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
-                         whole_gate ? nullptr : static_cast<uint16_t *>(s.gate), s.ldg, p.h};
+                         static_cast<uint16_t *>(s.gate), s.ldg, p.h};
     lists_from_masks<<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(a);
     check_launch("lists_from_masks");
 }
@@ -213,7 +212,7 @@ void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, 
 template <class T>
 void run_gate_and_lists(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
                         const twDnMatDescr &x, const FfnScratch &s, bool zero_inactive) {
-    if (path.masked_gate) return run_masked_gate(stream, st, p, x, s, st.neuron_counts(), zero_inactive);
+    if (path.masked_gate) return run_masked_gate(stream, st, p, x, s, st.neuron_counts());
     run_gate_gemm(stream, st, p, operand(x), s);
     launch_pack<T>(stream, p, s, st.neuron_counts(), zero_inactive, false);
 }
@@ -368,17 +367,17 @@ void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, 
 /// path choice, then the optional hidden output from h.
 template <class T>
 void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
-                   bool dense_l1, int64_t first, const twSpMatDescr *hidden) {
+                   bool dense_l1, int64_t first, const twSpMatDescr *hidden, const ActiveMask &gate_mask = {}) {
     const unsigned blocks = static_cast<unsigned>(std::max(1, std::min(264, ceil_div(p.m, kFinalThreads / 32))));
     finalize<T><<<blocks, kFinalThreads, 0, stream>>>(s.gate, s.ldg, p.h, p.gate_f32(), !p.gated, s.dense_rows,
                                                       s.dense_count, dense_l1, first, p.m, s.row_nnz, s.count, s.row_l1,
                                                       s.header + 1, st.stats_block(), st.feedback.device());
     check_launch("finalize");
     if (hidden) {
-        // the gate buffer now holds h (inactive units zeroed); PLAIN keeps every stored pattern
-        // but +0, as the reference does
+        // the gate buffer now holds h (inactive units zeroed, or outside the gate's mask);
+        // PLAIN keeps every stored pattern but +0, as the reference does
         const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, p.gate_f32() ? TW_R_32F : p.type};
-        write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags);
+        write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags, gate_mask);
     }
 }
 
@@ -421,7 +420,8 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
     else
         launch_fused<T>(stream, p, w, xa, ya, s, hidden != nullptr);
     launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
-    launch_finish<T>(stream, st, p, s, true, path.cublas_rows, hidden);
+    launch_finish<T>(stream, st, p, s, true, path.cublas_rows, hidden,
+                     path.masked_gate ? ActiveMask{s.unit_masks, s.unit_words} : ActiveMask{});
 }
 
 /// The training forward: the saved state holds the lists, counts and g / u of the sparse rows;

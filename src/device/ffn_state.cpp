@@ -22,7 +22,7 @@ FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens) {
     return p;
 }
 
-std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, int sm_count, cudaStream_t stream) {
+std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const DeviceInfo &device, cudaStream_t stream) {
     const FfnProblem p = problem_of(ffn, 0);
     if (p.dp > heuristics::max_model_dim(p.type))
         fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports a model dimension up to %lld for this type; D = %lld",
@@ -31,11 +31,9 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, int sm_count
         fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN keeps unit ids in 16 bits: H up to %lld; H = %lld",
              static_cast<long long>(kMaxSparseCols), static_cast<long long>(p.h));
     auto st = std::make_unique<CudaFfnState>();
-    st->sm_count = sm_count;
-    int major = 0;
-    check(cudaGetDevice(&st->device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st->device), "cudaDeviceGetAttribute");
-    st->masked_gate = masked_gate_gemm_built() && major == 9;
+    st->sm_count = device.sm_count;
+    st->device = device.device;
+    st->masked_gate = device.masked_gate;
     const size_t eb = elem_bytes(p.type);
     st->gate.reset(static_cast<size_t>(p.h * p.dp) * eb);
     st->pair.reset(static_cast<size_t>(p.h * p.dp * (p.gated ? 2 : 1)) * eb);

@@ -12,6 +12,7 @@
 #include "ffn_layout.hpp"
 #include "gemm/lt_gemm.hpp"
 #include "gemm/masked_gate_gemm.hpp"
+#include "common/device_info.hpp"
 #include "host/backend.hpp"
 
 namespace twblas::cuda {
@@ -48,7 +49,7 @@ inline CudaFfnState &state_of(const twFfnDescr &ffn) { return static_cast<CudaFf
 FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens);
 
 /// Allocates the state (weights not yet copied) and checks the limits of the CUDA FFN.
-std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, int sm_count, cudaStream_t stream);
+std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const DeviceInfo &device, cudaStream_t stream);
 
 /// Takes the record the finished forwards last published into the path choice. Never waits; call
 /// with the state's mutex held.

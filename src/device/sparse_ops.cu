@@ -6,6 +6,7 @@
 
 #include "common/pointer_check.hpp"
 #include "common/workspace.hpp"
+#include "gemm/masked_gate_gemm.hpp"
 #include "kernels/sparse_containers.cuh"
 
 namespace twblas::cuda {
@@ -21,6 +22,8 @@ GemmScratch carve_gemm_scratch(const twDnMatDescr &a, const twDnMatDescr &b, con
     WorkspaceCarver carve(ws);
     GemmScratch s{};
     s.lt = carve.take<char>(GemmRunner::kWorkspaceBytes);
+    // the fp32 GEMM output; or the masked gate GEMM's 16-bit output and its active-unit words
+    // (2 M ldz + 4 M ceil(N / 32) bytes: never more)
     s.z = carve.take<float>(static_cast<size_t>(a.rows * std::max<int64_t>(1, (b.rows + 7) / 8 * 8)));
     s.flags = carve.take<int32_t>(sparse_writer_workspace(c) / 4 + 1);
     s.total = carve.used();
@@ -33,14 +36,38 @@ size_t gemm_to_sparse_workspace(const twDnMatDescr &a, const twDnMatDescr &b, co
     return carve_gemm_scratch(a, b, c, nullptr).total;
 }
 
-void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, float alpha, const twDnMatDescr &a, const twDnMatDescr &b,
-                    const twSpMatDescr &c, twConvertOp_t act, void *workspace) {
+namespace {
+
+/// The masked gate GEMM's operands for C = relu(A B^T), when it takes them: RELU, alpha 1, A and
+/// B row-major of one 16-bit type, C of that type, on 16 bytes (TMA). Its output goes where the
+/// fp32 GEMM output would: the 16-bit values (active ones only), then the active-unit words.
+bool masked_operands(const DeviceInfo &dev, float alpha, const twDnMatDescr &a, const twDnMatDescr &b,
+                     const twSpMatDescr &c, twConvertOp_t act, const GemmScratch &s, int64_t ldz, MaskedGateGemm &g) {
+    if (!dev.masked_gate || act != TW_CONVERT_RELU || alpha != 1.0f || a.order != TW_ORDER_ROW ||
+        b.order != TW_ORDER_ROW || a.type != b.type || c.type != a.type || a.rows == 0 || b.rows == 0)
+        return false;
+    auto *masks = reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(s.z) + static_cast<size_t>(a.rows * ldz) * 2);
+    g = {a.values, a.ld, b.values, b.ld, a.rows, b.rows, a.cols, s.z, ldz, masks, (b.rows + 31) / 32};
+    return masked_gate_gemm_fits(a.type, g);
+}
+
+}  // namespace
+
+void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, const DeviceInfo &dev, float alpha, const twDnMatDescr &a,
+                    const twDnMatDescr &b, const twSpMatDescr &c, twConvertOp_t act, void *workspace) {
     require_device_accessible(a.values, "A");
     require_device_accessible(b.values, "B");
     require_device_accessible(c.buffer, "C");
     require_device_accessible(workspace, "workspace");
     const GemmScratch s = carve_gemm_scratch(a, b, c, workspace);
     const int64_t ldz = std::max<int64_t>(1, (b.rows + 7) / 8 * 8);
+    MaskedGateGemm g{};
+    if (masked_operands(dev, alpha, a, b, c, act, s, ldz, g)) {
+        // the writer reads the active values only (the others were never written)
+        launch_masked_gate_gemm(stream, a.type, g, dev.device, dev.sm_count);
+        write_sparse(stream, {s.z, a.rows, b.rows, ldz, 1, a.type}, act, c, s.flags, {g.masks, g.words});
+        return;
+    }
     gemm.run(stream, alpha, {a.values, a.rows, a.cols, a.ld, a.order, a.type}, {b.values, b.rows, b.cols, b.ld, b.order, b.type},
              {s.z, ldz, TW_R_32F}, s.lt, GemmRunner::kWorkspaceBytes);
     const MatrixArg z{s.z, a.rows, b.rows, ldz, 1, TW_R_32F};
@@ -50,7 +77,7 @@ void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, float alpha, const tw
 size_t sparse_writer_workspace(const twSpMatDescr &out) { return static_cast<size_t>(out.rows) * 4 + 256; }
 
 void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
-                  void *workspace) {
+                  void *workspace, const ActiveMask &mask) {
     if (out.rows == 0) return write_empty(stream, out);
     const ContainerArgs args = container_args(out);
     auto *flags = static_cast<int32_t *>(workspace);
@@ -58,14 +85,16 @@ void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, co
     const int blocks = ceil_div(out.rows, warps_per_block);
     const bool twell = out.format == TW_FORMAT_TWELL;
     const bool vec = dense_rows_vectorizable(in, out.type);
-    if (twell)
-        write_twell_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, vec, flags);
+    if (twell && mask.words && vec)
+        write_twell_rows_masked<<<blocks, 32 * warps_per_block, 0, stream>>>(in, mask, op, args, flags);
+    else if (twell)
+        write_twell_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, mask, op, args, vec, flags);
     else
-        write_hybrid_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, vec, flags);
+        write_hybrid_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, mask, op, args, vec, flags);
     check_launch("write_sparse rows");
     assign_overflow_slots(stream, flags, out);
     if (!twell) {
-        write_hybrid_backup<<<static_cast<unsigned>(out.rows), 256, 0, stream>>>(in, op, args, flags);
+        write_hybrid_backup<<<static_cast<unsigned>(out.rows), 256, 0, stream>>>(in, mask, op, args, flags);
         check_launch("write_hybrid_backup");
     }
 }

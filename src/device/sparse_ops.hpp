@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "common/device_info.hpp"
 #include "common/matrix_arg.hpp"
 #include "gemm/lt_gemm.hpp"
 #include "host/objects.hpp"
@@ -16,9 +17,10 @@ namespace twblas::cuda {
 size_t sparse_writer_workspace(const twSpMatDescr &out);
 /// Writes `in` (op RELU keeps > 0 and NaN; PLAIN keeps every pattern but +0) into `out`,
 /// rounding to its value type when the types differ, with the overflow record / backup slots
-/// assigned in ascending row order (deterministic).
+/// assigned in ascending row order (deterministic). Under an active mask only the masked entries
+/// are read; the others count as +0.
 void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
-                  void *workspace);
+                  void *workspace, const ActiveMask &mask = {});
 /// Byte offset of a container's overflow count: the TwELL record's count, the hybrid's backup count.
 inline size_t overflow_count_offset(const twSpMatDescr &s) {
     return s.format == TW_FORMAT_TWELL ? s.twell.overflow_offset_words() * 4 : s.hybrid.backup_count;
@@ -33,10 +35,12 @@ void assign_overflow_slots(cudaStream_t stream, int32_t *flags, const twSpMatDes
 void spmm(cudaStream_t stream, float alpha, const twSpMatDescr &s, const MatrixArg &w, float beta,
           const MatrixArg &y);
 
-/// GemmToSparse: C = act(alpha A B^T) into a sparse container, through an fp32 GEMM output in
-/// the workspace and the writer.
+/// GemmToSparse: C = act(alpha A B^T) into a sparse container: through the masked gate GEMM
+/// (its active values and words, then the writer under the words) where it runs and takes the
+/// operands (sm_90, RELU, alpha 1, row-major 16-bit A and B, C of their type), otherwise through
+/// an fp32 cuBLASLt output and the writer.
 size_t gemm_to_sparse_workspace(const twDnMatDescr &a, const twDnMatDescr &b, const twSpMatDescr &c);
-void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, float alpha, const twDnMatDescr &a, const twDnMatDescr &b,
-                    const twSpMatDescr &c, twConvertOp_t act, void *workspace);
+void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, const DeviceInfo &dev, float alpha, const twDnMatDescr &a,
+                    const twDnMatDescr &b, const twSpMatDescr &c, twConvertOp_t act, void *workspace);
 
 }  // namespace twblas::cuda

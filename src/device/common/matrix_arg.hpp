@@ -29,4 +29,12 @@ inline bool rows_aligned16(const MatrixArg &m) {
 }
 inline bool rows_vectorizable(const MatrixArg &m, int64_t cols) { return rows_aligned16(m) && cols % 8 == 0; }
 
+/// The active entries of a dense matrix whose other entries were never written (the masked gate
+/// GEMM's output): bit c % 32 of word r * ld + c / 32 set for each active (r, c). Readers take
+/// the other entries as +0 without reading them. NULL words: every entry is to be read.
+struct ActiveMask {
+    const uint32_t *words = nullptr;
+    int64_t ld = 0;
+};
+
 }  // namespace twblas::cuda

@@ -59,20 +59,17 @@ template <class R> __device__ inline bool active_bits(uint32_t b) {
 /// the library is built without -ftz, so subnormal accumulators compare as they are).
 template <class R> __device__ inline bool active_float(float v) { return !(v <= R::kZeroMax); }
 
-/// The epilogue: each thread tests its accumulators and ORs its active bits into the row's
-/// 32-column words; the four lanes of a quad hold the same rows (wgmma's accumulator layout), so
-/// two shuffles complete a word. The values go out in one of two ways (a run-time choice, uniform
-/// over the kernel): only the active ones, each on its own from the registers (store_active); or
-/// all of them, inactive ones +0, staged per warp in shared memory and written as whole 16-byte
-/// chunks (store_staged), for a hidden output that reads the whole gate. Measured on an H100 at
-/// M = 16384, ~0.5 % active (bench/probes/masked_gate_gemm_probe.cu, against cuBLAS's 482-489 us
-/// and an epilogue storing nothing, 470-479 us, in the same run): every value from the registers
-/// (pairs 8 rows apart: 8 partial lines per instruction) 615 us; staged 16-byte stores 545-558 us
-/// (~3 us a tile: the rounding, tests and staging of 128 values a thread, with 2 warps a
-/// scheduler to hide latency); each staged row as a TMA bulk copy 568 us (not kept); active
-/// values only, tested on the float before rounding, 492 us (M = 65536: 1941 us against 2200
-/// for cuBLAS). Plugged into the kernel through CUTLASS's adapter for epilogues without a TMA
-/// pipeline.
+/// The epilogue: each thread tests its accumulators, stores the active ones (rounded) on their
+/// own straight from the registers, and ORs its active bits into the row's 32-column words; the
+/// four lanes of a quad hold the same rows (wgmma's accumulator layout), so two shuffles complete
+/// a word. Measured on an H100 at M = 16384, ~0.5 % active (bench/probes/masked_gate_gemm_probe.cu,
+/// against cuBLAS's 482-489 us and an epilogue storing nothing, 470-479 us, in the same run):
+/// every value from the registers (pairs 8 rows apart: 8 partial lines per instruction) 615 us;
+/// every value staged per warp in shared memory and written as 16-byte chunks 545-558 us (~3 us a
+/// tile: rounding, tests and staging of 128 values a thread, with 2 warps a scheduler to hide
+/// latency); each staged row as a TMA bulk copy 568 us; active values only, tested on the float
+/// before rounding, 492 us (M = 65536: 1941 us against 2200 for cuBLAS). Plugged into the kernel
+/// through CUTLASS's adapter for epilogues without a TMA pipeline.
 template <class T, int kTileN> class MaskedEpilogue {
   public:
     using R = Round<T>;
@@ -84,20 +81,13 @@ template <class T, int kTileN> class MaskedEpilogue {
     using ThreadEpilogueOp = void;
     using GmemTiledCopyC = void;
     using GmemTiledCopyD = void;
-    // per warp, 16 rows x kPassCols columns, each row padded by 16 bytes: the quads' 4-byte
-    // writes (8 rows, 4 column pairs per instruction) then fall in 32 different banks
-    // (the 8 consumer warps of a CTA: warps 4 to 11, so the warp id modulo 8 picks a slot)
-    static constexpr int kPassCols = 128, kPitch = kPassCols * 2 + 16, kWarps = 8;
-    struct SharedStorage {
-        alignas(16) uint8_t staging[kWarps][16 * kPitch];
-    };
+    struct SharedStorage {};  // no staging: the values go out from the registers
     using TensorStorage = SharedStorage;
     struct Arguments {
         typename R::Native *gate;
         int64_t ldg;
         uint32_t *masks;
         int64_t words;
-        bool all_chunks;
     };
     using Params = Arguments;
 
@@ -122,7 +112,7 @@ template <class T, int kTileN> class MaskedEpilogue {
               class TiledMma, class ResidueMNK>
     CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
                                    BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const &acc,
-                                   TiledMma tiled_mma, ResidueMNK, int thread_idx, char *smem) {
+                                   TiledMma tiled_mma, ResidueMNK, int thread_idx, char *) {
         static_assert(size<1>(BlockShapeMNK{}) == kTileN, "the tile width the words are laid out for");
         constexpr int kWords = kTileN / 32;
         // per thread: (2 columns, 2 rows, kTileN / 8 column blocks) of one 64-row wgmma tile
@@ -133,21 +123,12 @@ template <class T, int kTileN> class MaskedEpilogue {
         // time but for the thread's own), partitioned exactly as the accumulators are
         Tensor c_thr = tiled_mma.get_thread_slice(thread_idx).partition_C(make_identity_tensor(take<0, 2>(blk_shape_mnk)));
 
-        static_assert(kTileN % kPassCols == 0, "whole passes");
         const int64_t m0 = m_coord * size<0>(BlockShapeMNK{}), n0 = n_coord * kTileN;
-        const int lane = thread_idx & 31;
-        uint8_t *staging = reinterpret_cast<SharedStorage *>(smem)->staging[(threadIdx.x / 32) % kWarps];
-        // this warp's 16 rows start at a multiple of 16 within the tile (wgmma: a warp per 16 rows)
-        const int warp_r0 = get<0>(c_thr(0)) & ~15;
-        const int64_t warp_row0 = m0 + warp_r0;
         // rows and columns of this tile inside the problem (the last tiles are partial)
         const int m_rem = static_cast<int>(min<int64_t>(m_total - m0, size<0>(BlockShapeMNK{})));
         const int n_rem = static_cast<int>(min<int64_t>(n_total - n0, kTileN));
         uint32_t bits[2][kWords] = {};
-        if (params_.all_chunks)
-            store_staged(acc, c_thr, staging, warp_r0, warp_row0, m_rem, n_rem, n0, lane, bits);
-        else
-            store_active(acc, c_thr, m0, n0, m_rem, n_rem, bits);
+        store_active(acc, c_thr, m0, n0, m_rem, n_rem, bits);
         store_words(c_thr, m0, n0, m_rem, n_rem, thread_idx, bits);
     }
 
@@ -172,49 +153,6 @@ template <class T, int kTileN> class MaskedEpilogue {
                 if (lr < m_rem && a0 && lc < n_rem) p[0] = static_cast<uint16_t>(packed);
                 if (lr < m_rem && a1 && lc + 1 < n_rem) p[1] = static_cast<uint16_t>(packed >> 16);
             }
-        }
-    }
-
-    /// Every value, inactive ones +0, through shared memory: each warp stages its 16 rows 128
-    /// columns at a time and writes whole 16-byte chunks, 256 contiguous bytes per row.
-    template <class Acc, class Coord>
-    CUTLASS_DEVICE void store_staged(Acc const &acc, Coord const &c_thr, uint8_t *staging, int warp_r0,
-                                     int64_t warp_row0, int m_rem, int n_rem, int64_t n0, int lane,
-                                     uint32_t (&bits)[2][kTileN / 32]) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int pass = 0; pass < kTileN / kPassCols; ++pass) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kPassCols / 2; j += 2) {
-                // i, i + 1: adjacent columns of one row (i / 4 counts 8-column blocks)
-                const int i = pass * kPassCols / 2 + j;
-                const int v1 = (i / 2) % 2, block = i / 4;
-                const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
-                const uint32_t packed = R::pack2(acc(i), acc(i + 1));
-                const bool a0 = active_bits<R>(packed & 0xffffu) && lc < n_rem;
-                const bool a1 = active_bits<R>(packed >> 16) && lc + 1 < n_rem;
-                // the pair's two bits at its 8-column block's place in the word; the lane's own
-                // offset inside the block (2 x its place in the quad) is applied once, below
-                bits[v1][block / 4] |= (static_cast<uint32_t>(a0) | static_cast<uint32_t>(a1) << 1) << (8 * (block % 4));
-                const uint32_t kept = packed & ((a0 ? 0xffffu : 0u) | (a1 ? 0xffff0000u : 0u));
-                const int at = (lr - warp_r0) * kPitch + (lc - pass * kPassCols) * 2;
-                *reinterpret_cast<uint32_t *>(staging + at) = kept;
-            }
-            __syncwarp();
-            // 16 rows x 16 chunks of 16 bytes: two whole rows per instruction, 8 instructions
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < 8; ++c) {
-                const int id = lane + 32 * c, r = id / 16, chunk = id % 16;
-                const int lr = warp_r0 + r, lc = pass * kPassCols + chunk * 8;
-                const uint8_t *src = staging + r * kPitch + chunk * 16;
-                typename R::Native *p = params_.gate + (warp_row0 + r) * params_.ldg + n0 + lc;
-                if (lr < m_rem && lc + 8 <= n_rem) {  // ldg and the base on 16 bytes (fits)
-                    *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(src);
-                } else if (lr < m_rem && lc < n_rem) {
-                    const auto *e = reinterpret_cast<const typename R::Native *>(src);
-                    for (int k = 0; k < n_rem - lc; ++k) p[k] = e[k];
-                }
-            }
-            __syncwarp();
         }
     }
 
@@ -279,7 +217,7 @@ void launch_typed(cudaStream_t stream, const MaskedGateGemm &g, int device, int 
         cutlass::gemm::GemmUniversalMode::kGemm,
         {static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1},
         {static_cast<const T *>(g.x), sa, static_cast<const T *>(g.w), sb},
-        {static_cast<typename Round<T>::Native *>(g.gate), g.ldg, g.masks, g.words, g.all_chunks},
+        {static_cast<typename Round<T>::Native *>(g.gate), g.ldg, g.masks, g.words},
         cutlass::KernelHardwareInfo{device, sm_count}};
     Gemm gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess)

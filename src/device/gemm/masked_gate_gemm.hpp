@@ -1,12 +1,10 @@
 // The gate GEMM that packs in its epilogue (Hopper only: TMA, wgmma, warp-specialised persistent
 // tiles from CUTLASS 3 collectives, with our own epilogue):
-//   z = X Wg^T, each value rounded to the gate type; inactive values (ReLU: not > 0 and not NaN)
-//   are +0; and for each row one 32-bit active-unit word per 32 columns (bit b of word w:
-//   column 32 w + b is active).
-// Unless `all_chunks`, only the active values are written (the others keep what the buffer
-// held): ~0.5 % of them in a trained FFN, and the sparse part reads active units only. A reader
-// of whole rows zeroes the inactive values first (lists_from_masks does it for the dense path's
-// rows). With `all_chunks` every value is written, inactive ones +0 (a hidden output reads them).
+//   z = X Wg^T, each value rounded to the gate type, written at the active units only (ReLU:
+//   > 0 or NaN; the other entries keep whatever the buffer held: ~99.5 % of them in a trained
+//   FFN); and for each row one 32-bit active-unit word per 32 columns (bit b of word w: column
+//   32 w + b is active). Readers take the entries outside the words as +0 (ActiveMask), and
+//   lists_from_masks zeroes them in the dense path's rows, which are read whole.
 // The words are what the sparse part reads to find a token's units, so no pass reads the dense
 // gate output back (the packing pass read all of it: 184 MB at the paper's M = 16384).
 #pragma once
@@ -29,7 +27,6 @@ struct MaskedGateGemm {
     int64_t ldg;
     uint32_t *masks;  // M x words, words >= ceil(N / 32)
     int64_t words;
-    bool all_chunks;  // write every value of z (a hidden output reads the whole gate)
 };
 
 /// Whether this build holds the kernel (it is compiled for sm_90a only).

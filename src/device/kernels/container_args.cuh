@@ -73,6 +73,17 @@ __device__ inline unsigned load8_kept(const MatrixArg &in, int64_t r, int64_t c0
     return kept;
 }
 
+/// load8_kept under an active mask: the eight columns' mask bits (all when there is no mask); a
+/// chunk without an active entry is not read at all.
+__device__ inline unsigned mask_bits8(const ActiveMask &mask, int64_t r, int64_t c0) {
+    return mask.words ? (mask.words[r * mask.ld + c0 / 32] >> (c0 % 32)) & 0xffu : 0xffu;
+}
+__device__ inline unsigned load8_active(const MatrixArg &in, const ActiveMask &mask, int64_t r, int64_t c0, int64_t cols,
+                                        twDataType_t out, bool vec, twConvertOp_t op, uint32_t (&bits)[8]) {
+    const unsigned live = c0 < cols ? mask_bits8(mask, r, c0) : 0u;
+    return live ? load8_kept(in, r, c0, cols, out, vec, op, bits) & live : 0u;
+}
+
 __device__ inline uint32_t lane_id() { return threadIdx.x & 31u; }
 /// The row of a kernel that gives each row one warp.
 __device__ inline int64_t warp_row() { return static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; }

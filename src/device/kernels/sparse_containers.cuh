@@ -11,35 +11,94 @@ namespace twblas::cuda {
 
 // ---- writer: TwELL, one warp per row, 256 columns (8 per lane) per step
 
-__global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool vec, int32_t *flags) {
+/// One step of a TwELL row: the lanes' kept columns (c0 + 8 lane + j for bit j of `kept`) into
+/// their tiles' slots, the tiles' headers; whether any of the step's tiles is over its slots.
+__device__ inline bool write_twell_step(const ContainerArgs &out, uint32_t *words, int64_t c0, int lane,
+                                        unsigned kept, const uint32_t (&bits)[8]) {
+    const int lanes_per_tile = out.tile / 8;
+    const int first = lane & ~(lanes_per_tile - 1);
+    const int n = __popc(kept);
+    const int incl = warp_scan_incl(n), excl = incl - n;
+    const int tile_base = __shfl_sync(0xffffffffu, excl, first);
+    const int tile_count = __shfl_sync(0xffffffffu, incl, first + lanes_per_tile - 1) - tile_base;
+    const int64_t tile = (c0 + first * 8) / out.tile;
+    uint32_t *block = words + tile * out.words_per_block;
+    int rank = excl - tile_base;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        if (!(kept >> j & 1u)) continue;
+        if (rank < out.slots) block[1 + rank] = static_cast<uint32_t>((c0 + lane * 8 + j) & 0xffff) | (bits[j] << 16);
+        ++rank;
+    }
+    const bool over = tile_count > out.slots;
+    if (lane == first && tile * out.tile < out.cols)
+        block[0] = static_cast<uint32_t>(min(tile_count, out.slots)) | (over ? kTwellOverflowBit : 0u);
+    return __any_sync(0xffffffffu, over);
+}
+
+__global__ void write_twell_rows(MatrixArg in, ActiveMask mask, twConvertOp_t op, ContainerArgs out, bool vec,
+                                 int32_t *flags) {
     const int64_t row = warp_row();
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
-    const int lanes_per_tile = out.tile / 8;
-    const int first = lane & ~(lanes_per_tile - 1);
     uint32_t *words = reinterpret_cast<uint32_t *>(out.base) + row * out.ld;
     bool overflow = false;
     for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
         uint32_t bits[8];
-        const unsigned kept = load8_kept(in, row, c0 + lane * 8, out.cols, out.type, vec, op, bits);
-        const int n = __popc(kept);
-        const int incl = warp_scan_incl(n), excl = incl - n;
-        const int tile_base = __shfl_sync(0xffffffffu, excl, first);
-        const int tile_count = __shfl_sync(0xffffffffu, incl, first + lanes_per_tile - 1) - tile_base;
-        const int64_t tile = (c0 + first * 8) / out.tile;
-        uint32_t *block = words + tile * out.words_per_block;
-        int rank = excl - tile_base;
+        const unsigned kept = load8_active(in, mask, row, c0 + lane * 8, out.cols, out.type, vec, op, bits);
+        overflow |= write_twell_step(out, words, c0, lane, kept, bits);
+    }
+    if (lane == 0) flags[row] = overflow ? 1 : 0;
+}
+
+/// write_twell_rows for a 16-bit matrix of the container's type under an active mask (the masked
+/// gate GEMM's output): the mask bytes of four steps, then their live chunks, are loaded together.
+/// The general writer waits for a mask word, then for its chunk, at every step: measured on an H100
+/// at 16384 x 5632, 141 us for ~0.5 % active.
+constexpr int kMaskedSteps = 4;
+__global__ void write_twell_rows_masked(MatrixArg in, ActiveMask mask, twConvertOp_t op, ContainerArgs out,
+                                        int32_t *flags) {
+    const int64_t row = warp_row();
+    if (row >= out.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    uint32_t *words = reinterpret_cast<uint32_t *>(out.base) + row * out.ld;
+    const uint32_t *mrow = mask.words + row * mask.ld;
+    const uint16_t *vrow = static_cast<const uint16_t *>(in.ptr) + row * in.rs;
+    bool overflow = false;
+    for (int64_t g0 = 0; g0 < out.cols; g0 += 256 * kMaskedSteps) {
+        unsigned live[kMaskedSteps];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            if (!(kept >> j & 1u)) continue;
-            if (rank < out.slots)
-                block[1 + rank] = static_cast<uint32_t>((c0 + lane * 8 + j) & 0xffff) | (bits[j] << 16);
-            ++rank;
+        for (int s = 0; s < kMaskedSteps; ++s) {
+            const int64_t c = g0 + s * 256 + lane * 8;
+            live[s] = c < out.cols ? (mrow[c / 32] >> (c % 32)) & 0xffu : 0u;
         }
-        const bool over = tile_count > out.slots;
-        if (lane == first && tile * out.tile < out.cols)
-            block[0] = static_cast<uint32_t>(min(tile_count, out.slots)) | (over ? kTwellOverflowBit : 0u);
-        overflow |= __any_sync(0xffffffffu, over);
+        uint4 q[kMaskedSteps];
+#pragma unroll
+        for (int s = 0; s < kMaskedSteps; ++s) {
+            const int64_t c = g0 + s * 256 + lane * 8;
+            q[s] = make_uint4(0, 0, 0, 0);
+            if (live[s] && c + 8 <= out.cols) {
+                q[s] = *reinterpret_cast<const uint4 *>(vrow + c);  // rows on 16 bytes (vectorizable)
+            } else if (live[s]) {
+                uint16_t e[8] = {};
+                for (int j = 0; c + j < out.cols; ++j) e[j] = vrow[c + j];
+                memcpy(&q[s], e, 16);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < kMaskedSteps; ++s) {
+            const int64_t c0 = g0 + s * 256;
+            if (c0 >= out.cols) break;  // the same for the whole warp
+            const uint32_t w[4] = {q[s].x, q[s].y, q[s].z, q[s].w};
+            uint32_t bits[8];
+            unsigned kept = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                bits[j] = j % 2 ? w[j / 2] >> 16 : w[j / 2] & 0xffffu;
+                if ((live[s] >> j & 1u) && keeps(bits[j], out.type, op)) kept |= 1u << j;
+            }
+            overflow |= write_twell_step(out, words, c0, lane, kept, bits);
+        }
     }
     if (lane == 0) flags[row] = overflow ? 1 : 0;
 }
@@ -47,7 +106,8 @@ __global__ void write_twell_rows(MatrixArg in, twConvertOp_t op, ContainerArgs o
 // ---- writer: hybrid ELL part, one warp per row, 256 columns (8 per lane) per step (rows over
 // E are flagged for a backup slot)
 
-__global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool vec, int32_t *flags) {
+__global__ void write_hybrid_rows(MatrixArg in, ActiveMask mask, twConvertOp_t op, ContainerArgs out, bool vec,
+                                  int32_t *flags) {
     const int64_t row = warp_row();
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
@@ -56,7 +116,7 @@ __global__ void write_hybrid_rows(MatrixArg in, twConvertOp_t op, ContainerArgs 
     int total = 0;
     for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
         uint32_t bits[8];
-        const unsigned kept = load8_kept(in, row, c0 + lane * 8, out.cols, out.type, vec, op, bits);
+        const unsigned kept = load8_active(in, mask, row, c0 + lane * 8, out.cols, out.type, vec, op, bits);
         const int n = __popc(kept);
         const int incl = warp_scan_incl(n);
         int pos = total + incl - n;
@@ -114,13 +174,15 @@ __global__ void __launch_bounds__(kScanThreads) assign_flagged_rows(int32_t *fla
 }
 
 /// Dense backup rows of a hybrid: one block per row that got a slot.
-__global__ void write_hybrid_backup(MatrixArg in, twConvertOp_t op, ContainerArgs out, const int32_t *flags) {
+__global__ void write_hybrid_backup(MatrixArg in, ActiveMask mask, twConvertOp_t op, ContainerArgs out,
+                                    const int32_t *flags) {
     const int64_t row = blockIdx.x;
     const int slot = flags[row] - 2;
     if (slot < 0) return;
     uint8_t *dense = out.base + out.backup_vals + static_cast<size_t>(slot * out.cols) * out.value_bytes;
     for (int64_t c = threadIdx.x; c < out.cols; c += blockDim.x) {
-        uint32_t bits = container_bits(in, row, c, out.type);
+        const bool live = !mask.words || (mask.words[row * mask.ld + c / 32] >> (c % 32) & 1u);
+        uint32_t bits = live ? container_bits(in, row, c, out.type) : 0u;
         if (!keeps(bits, out.type, op)) bits = 0;
         if (out.value_bytes == 4)
             reinterpret_cast<uint32_t *>(dense)[c] = bits;
