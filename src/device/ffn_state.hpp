@@ -11,7 +11,6 @@
 #include "common/device_buffer.hpp"
 #include "ffn_layout.hpp"
 #include "gemm/lt_gemm.hpp"
-#include "gemm/masked_gate_gemm.hpp"
 #include "common/device_info.hpp"
 #include "host/backend.hpp"
 

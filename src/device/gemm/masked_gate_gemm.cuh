@@ -26,12 +26,10 @@ namespace twblas::cuda::masked_gate {
 using namespace cute;
 
 /// Two accumulators rounded to the 16-bit type in one instruction (the low half holds the first),
-/// and the ReLU test on a rounded value's bits: > 0 (sign clear, not zero) or NaN.
+/// and the largest float that rounds to +0 in that type (half the smallest subnormal: a tie to even).
 template <class T> struct Round;
 template <> struct Round<cutlass::bfloat16_t> {
     using Native = __nv_bfloat16;
-    static constexpr uint32_t kInf = 0x7f80u;
-    // the largest float that rounds to +0 (half the smallest subnormal, a tie to even)
     static constexpr float kZeroMax = 0x1p-134f;
     __device__ static uint32_t pack2(float lo, float hi) {
         const __nv_bfloat162 v = __float22bfloat162_rn(make_float2(lo, hi));
@@ -42,7 +40,6 @@ template <> struct Round<cutlass::bfloat16_t> {
 };
 template <> struct Round<cutlass::half_t> {
     using Native = __half;
-    static constexpr uint32_t kInf = 0x7c00u;
     static constexpr float kZeroMax = 0x1p-25f;
     __device__ static uint32_t pack2(float lo, float hi) {
         const __half2 v = __floats2half2_rn(lo, hi);
@@ -51,12 +48,10 @@ template <> struct Round<cutlass::half_t> {
         return u;
     }
 };
-template <class R> __device__ inline bool active_bits(uint32_t b) {
-    return (b != 0u && b < 0x8000u) || (b & 0x7fffu) > R::kInf;
-}
-/// The same test on the accumulator before rounding, in one comparison: the rounded value is > 0
-/// exactly when the float is above kZeroMax, and NaN fails every comparison (no flush to zero:
-/// the library is built without -ftz, so subnormal accumulators compare as they are).
+/// ReLU's activity of the rounded value (> 0 or NaN, as torch.relu passes NaN) tested on the
+/// accumulator before rounding, in one comparison: the rounded value is > 0 exactly when the float
+/// is above kZeroMax, and NaN fails every comparison (no flush to zero: the library is built
+/// without -ftz, so subnormal accumulators compare as they are).
 template <class R> __device__ inline bool active_float(float v) { return !(v <= R::kZeroMax); }
 
 /// The epilogue: each thread tests its accumulators, stores the active ones (rounded) on their
