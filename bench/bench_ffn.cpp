@@ -59,7 +59,7 @@ void register_suite(const std::string &suite) {
     const std::vector<int64_t> eager_ms{1, 8, 64, 512};
     if (suite == "smoke") {
         register_group({256, 1000}, "uniform-12", {64, 512}, true, true);
-        register_train({256, 1000}, "heavy-12", {1000});
+        register_train({256, 1000}, "heavy-12", {1000}, true);
         return;
     }
     if (suite == "eager") {  // the eager points next to their graph-replayed twins, for quick runs
@@ -83,9 +83,9 @@ void register_suite(const std::string &suite) {
         return;
     }
     if (suite == "full" || suite == "train") {
-        register_train(paper, "uniform-29", {16384, 65536});
-        for (const char *prof : {"uniform-24", "uniform-39", "heavy-29", "llm-29", "uniform-100", "uniform-911"})
-            register_train(paper, prof, {16384});
+        register_train(paper, "uniform-29", {16384, 65536}, true);
+        for (const char *prof : {"uniform-24", "uniform-39", "heavy-29", "llm-29"}) register_train(paper, prof, {16384}, false);
+        for (const char *prof : {"uniform-100", "uniform-911"}) register_train(paper, prof, {16384}, true);
     }
     if (suite == "full" || suite == "decode") {
         register_group(paper, "uniform-29", {1, 8, 64, 512, 4096, 16384, 65536}, suite == "full", true);

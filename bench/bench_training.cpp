@@ -88,9 +88,22 @@ struct TwTrain {
     }
 };
 
-void bm_train_twblas(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
+/// Sets TW_FFN_ATTR_SAVE_DENSE on every instance's FFN for one benchmark's life (the problem is
+/// shared with the other benchmarks).
+struct SaveDense {
+    Problem &p;
+    SaveDense(Problem &problem, int32_t on) : p(problem) { set(on); }
+    ~SaveDense() { set(0); }
+    void set(int32_t v) {
+        for (int i = 0; i < kInstances; ++i)
+            ck(twFfnSetAttribute(p.ffn[i], TW_FFN_ATTR_SAVE_DENSE, &v, sizeof v), p.handle, "SAVE_DENSE");
+    }
+};
+
+void bm_train_twblas(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m, bool save_dense) {
     auto p = problem(s, profile, max_m);
     const DeviceMemory &dy = train_dy(*p);
+    const SaveDense attribute(*p, save_dense ? 1 : 0);
     TwTrain tw(*p, m, dy);
     // the forward's path follows the statistics of an earlier forward: one step per instance
     for (int i = 0; i < kInstances; ++i) {
@@ -129,6 +142,13 @@ void bm_train_twblas(benchmark::State &state, Shape s, std::string profile, int6
     state.counters["saved_over_dense_h"] = static_cast<double>(tw.saved_bytes) / dense_h;
 }
 
+void bm_train_twblas_default(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
+    bm_train_twblas(state, s, std::move(profile), max_m, m, false);
+}
+void bm_train_twblas_save_dense(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
+    bm_train_twblas(state, s, std::move(profile), max_m, m, true);
+}
+
 void bm_train_dense(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
     auto p = problem(s, profile, max_m);
     const DeviceMemory &dy = train_dy(*p);
@@ -142,10 +162,13 @@ void bm_train_dense(benchmark::State &state, Shape s, std::string profile, int64
 
 }  // namespace
 
-void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms) {
+void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool save_dense) {
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
     for (int64_t m : ms) {
-        add(bench_name("train_twblas", s, profile, m), bm_train_twblas, s, profile, max_m, m);
+        add(bench_name("train_twblas", s, profile, m), bm_train_twblas_default, s, profile, max_m, m);
+        // TW_FFN_ATTR_SAVE_DENSE: what the dense-mode step gains from keeping z and u
+        if (save_dense)
+            add(bench_name("train_twblas_save_dense", s, profile, m), bm_train_twblas_save_dense, s, profile, max_m, m);
         add(bench_name("train_dense", s, profile, m), bm_train_dense, s, profile, max_m, m);
     }
 }

@@ -159,7 +159,8 @@ void register_eager(Shape s, const std::string &profile, const std::vector<int64
 /// copy/d2d/256MiB: the copy bandwidth, measured in the same run as the serving points.
 void register_copy();
 // bench_training.cpp
-void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms);
+/// train_twblas and train_dense at each M; train_twblas_save_dense too when `save_dense`.
+void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool save_dense);
 // bench_conversions.cpp
 /// conv/<variant>/d5632/<profile>/m<M>: twblas's conversions and cuSPARSE's on the FFN hidden
 /// activation, uniform-29 and llm-29, M = 4096, 16384, 65536.

@@ -118,6 +118,30 @@ class Buffers {
         FAIL("not a container of these Buffers");
     }
 
+    /// Copies `bytes` of this backend's memory from `src` to `dst`, after waiting for the backend.
+    void copy(void *dst, const void *src, size_t bytes) {
+#if defined(TWTEST_BACKEND_CUDA)
+        if (device_) {
+            synchronize();
+            twblas::testing::cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
+            return;
+        }
+#endif
+        std::memcpy(dst, src, bytes);
+    }
+
+    /// Sets `bytes` of this backend's memory at `dst` to zero, after waiting for the backend.
+    void zero(void *dst, size_t bytes) {
+#if defined(TWTEST_BACKEND_CUDA)
+        if (device_) {
+            synchronize();
+            twblas::testing::cuda_check(cudaMemset(dst, 0, bytes), "cudaMemset");
+            return;
+        }
+#endif
+        std::memset(dst, 0, bytes);
+    }
+
     /// `count` values of type T at `p` (memory of this backend), after waiting for the backend.
     template <class T> std::vector<T> read(const void *p, size_t count) {
         std::vector<T> out(count);

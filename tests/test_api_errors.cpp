@@ -1118,10 +1118,11 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
 
     // ---- attributes
     const char *attr_names[] = {"TW_FFN_ATTR_TILE_WIDTH", "TW_FFN_ATTR_COMPRESSION",
-                                "TW_FFN_ATTR_COMPUTE_MODE", "TW_FFN_ATTR_DETERMINISTIC"};
-    const int32_t defaults[] = {256, 8, TW_COMPUTE_DEFAULT, 0};
+                                "TW_FFN_ATTR_COMPUTE_MODE", "TW_FFN_ATTR_DETERMINISTIC", "TW_FFN_ATTR_SAVE_DENSE"};
+    const int32_t defaults[] = {256, 8, TW_COMPUTE_DEFAULT, 0, 0};
+    constexpr int kAttributes = 5;
     auto reset = [&defaults](twFfnDescr_t ffn) {
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < kAttributes; ++i)
             twFfnSetAttribute(ffn, static_cast<twFfnAttribute_t>(i), &defaults[i], sizeof(int32_t));
     };
     struct SetArgs {
@@ -1148,7 +1149,8 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
         {TW_FFN_ATTR_TILE_WIDTH, {100, 0, 32, 512, -256}},
         {TW_FFN_ATTR_COMPRESSION, {3, 0, 1, 16}},
         {TW_FFN_ATTR_COMPUTE_MODE, {9, 2, -1}},
-        {TW_FFN_ATTR_DETERMINISTIC, {2, -1}}};
+        {TW_FFN_ATTR_DETERMINISTIC, {2, -1}},
+        {TW_FFN_ATTR_SAVE_DENSE, {2, -1}}};
     for (const auto &[attr, values] : invalid_values)
         for (int32_t v : values) {
             const twFfnAttribute_t at = attr;
@@ -1158,7 +1160,7 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
         }
     set_suite.run();
     {  // a failed set leaves the attribute; valid values read back
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < kAttributes; ++i) {
             int32_t got = -1;
             REQUIRE(twFfnGetAttribute(f.ffn, static_cast<twFfnAttribute_t>(i), &got, sizeof got) == TW_STATUS_SUCCESS);
             CHECK(got == defaults[i]);
@@ -1167,7 +1169,8 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
             {TW_FFN_ATTR_TILE_WIDTH, {64, 128, 256}},
             {TW_FFN_ATTR_COMPRESSION, {2, 4, 8}},
             {TW_FFN_ATTR_COMPUTE_MODE, {TW_COMPUTE_HIGHEST_PRECISION, TW_COMPUTE_DEFAULT}},
-            {TW_FFN_ATTR_DETERMINISTIC, {1, 0}}};
+            {TW_FFN_ATTR_DETERMINISTIC, {1, 0}},
+            {TW_FFN_ATTR_SAVE_DENSE, {1, 0}}};
         for (const auto &[attr, values] : valid)
             for (int32_t v : values) {
                 INFO(attr_names[attr] << " = " << v);

@@ -41,6 +41,75 @@ TEST_CASE("CUDA training: recomputed rows through cuBLAS, past the capacity the 
     }
 }
 
+TEST_CASE("CUDA training: SAVE_DENSE keeps z and u in dense mode, and the backward reads them", "[cuda][train]") {
+    // A first step with every row dense puts the FFN in dense mode; the step then keeps z and u
+    // of every row in the saved state. Small integers: bit-identical to the reference whether
+    // the backward reads them (row-major gradients, or column-major ones whose leading
+    // dimension H is a whole number of 16-byte chunks) or recomputes (column-major with H = 601:
+    // cuBLAS cannot write those; or a saved state moved to another address). D = 72 keeps Y's
+    // rows on 16 bytes (dense mode's condition), H = 601 pads the hidden rows.
+    struct Variant {
+        bool gated;
+        twOrder_t order;
+        int64_t h;
+        bool reads_kept;  // the backward reads the kept z and u (else it recomputes)
+    };
+    for (const Variant v : {Variant{true, TW_ORDER_ROW, 601, true}, Variant{false, TW_ORDER_ROW, 601, true},
+                            Variant{true, TW_ORDER_COL, 600, true}, Variant{false, TW_ORDER_COL, 600, true},
+                            Variant{true, TW_ORDER_COL, 601, false}}) {
+        TrainCase c;
+        c.integers = true;
+        c.gated = v.gated;
+        c.m = 512;  // M x hp x 2 bytes is a multiple of 256: the kept z and u are the state's tail
+        c.d = 72;
+        c.h = v.h;
+        c.x_order = c.grad_order = v.order;
+        c.save_dense = 1;
+        c.l1 = static_cast<float>(c.m);
+        TrainCase w = c;
+        w.heavy_every = 1;
+        const TrainData warm = make_data(w);
+        c.heavy_every = 5;
+        const TrainData data = make_data(c);
+        DYNAMIC_SECTION((v.gated ? "gated" : "plain") << (v.order == TW_ORDER_ROW ? " row-major" : " column-major")
+                                                      << " H " << v.h) {
+            const TrainExpected want = expected_train(c, data);
+            SECTION("kept") { check_train(c, run_train(c, data, kBackend, TrainRun().warmed_with(&warm.x)), want); }
+            SECTION("replayed") {
+                check_train(c, run_train(c, data, kBackend, TrainRun().warmed_with(&warm.x).times(2).replayed(graph_replay)),
+                            want);
+            }
+            SECTION("moved: recomputed") {
+                check_train(c, run_train(c, data, kBackend, TrainRun().warmed_with(&warm.x).saved_moved()), want);
+            }
+            SECTION("the kept z and u are what the backward reads") {
+                // z and u set to +0 after the forward: every unit inactive, so every gradient
+                // is zero where the backward reads them, and exact where it recomputes
+                const int64_t hp = (c.h + 7) / 8 * 8;
+                const size_t kept = static_cast<size_t>((c.gated ? 2 : 1) * c.m * hp * 2);
+                TrainRun run = TrainRun().warmed_with(&warm.x);
+                run.between = [kept](Buffers &b, void *saved, size_t bytes) {
+                    REQUIRE(bytes > kept);
+                    b.zero(static_cast<char *>(saved) + (bytes - kept), kept);
+                };
+                const TrainResult r = run_train(c, data, kBackend, run);
+                if (v.reads_kept) {
+                    const auto zero = [](const std::vector<double> &g) {
+                        return std::all_of(g.begin(), g.end(), [](double e) { return e == 0.0; });
+                    };
+                    CHECK(zero(r.dx));
+                    CHECK(zero(r.dwu));
+                    CHECK(zero(r.dwd));
+                    if (c.gated) CHECK(zero(r.dwg));
+                    CHECK(r.y == want.r.y);  // the forward is not affected
+                } else {
+                    check_train(c, r, want);
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("CUDA training: profiles, types and modes against the reference", "[cuda][train]") {
     for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})
         for (twDataType_t type : {TW_R_16BF, TW_R_16F, TW_R_32F})

@@ -26,6 +26,7 @@ struct TrainCase {
     bool integers = false;  // small integers: every sum exact, results bit-identical
     int heavy_every = 0;    // integers: every n-th token fires most units (recomputed rows)
     int32_t deterministic = 0;
+    int32_t save_dense = 0;  // TW_FFN_ATTR_SAVE_DENSE
     float l1 = 0.5f;
     uint64_t seed = 11;
 };
@@ -105,6 +106,14 @@ struct TrainRun {
     int repeats = 1;
     const std::vector<float> *warm_x = nullptr;
     std::function<void(twHandle_t, int, const Step &)> replay;
+    bool move_saved = false;  // the backward reads a copy of the saved state at another address
+    // called between each step's forward and backward with the saved state and its size
+    std::function<void(Buffers &, void *, size_t)> between;
+
+    TrainRun &saved_moved() {
+        move_saved = true;
+        return *this;
+    }
 
     TrainRun &times(int n) {
         repeats = n;
@@ -149,6 +158,7 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
     const int32_t mode = c.mode;
     TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_COMPUTE_MODE, &mode, sizeof mode));
     TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_DETERMINISTIC, &c.deterministic, sizeof c.deterministic));
+    TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_SAVE_DENSE, &c.save_dense, sizeof c.save_dense));
 
     size_t saved_bytes = 0, fw = 0, bw = 0;
     TW_REQUIRE_OK(h, twSpGEMMFusedSaved_bufferSize(h, ffn, c.m, &saved_bytes));
@@ -164,10 +174,13 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
         twFfnStats_t warm{};
         TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &warm));
     }
+    void *const moved = run.move_saved ? buf.memory(saved_bytes) : nullptr;
     const TrainRun::Step step = [&]() -> twStatus_t {
         const twStatus_t st = twSpGEMMFusedForwardTrain(h, ffn, X, Y, saved, wsf);
         if (st != TW_STATUS_SUCCESS) return st;
-        return twSpGEMMFusedBackward(h, ffn, X, saved, DY, c.l1, DX, DWG, DWU, DWD, wsb);
+        if (run.between) run.between(buf, saved, saved_bytes);
+        if (moved) buf.copy(moved, saved, saved_bytes);
+        return twSpGEMMFusedBackward(h, ffn, X, moved ? moved : saved, DY, c.l1, DX, DWG, DWU, DWD, wsb);
     };
     if (run.replay) {
         run.replay(h, run.repeats, step);

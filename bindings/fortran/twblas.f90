@@ -75,6 +75,7 @@ module twblas
     integer(c_int), parameter, public :: TW_FFN_ATTR_COMPRESSION = 1
     integer(c_int), parameter, public :: TW_FFN_ATTR_COMPUTE_MODE = 2
     integer(c_int), parameter, public :: TW_FFN_ATTR_DETERMINISTIC = 3
+    integer(c_int), parameter, public :: TW_FFN_ATTR_SAVE_DENSE = 4
 
     ! ---- twComputeMode_t ----------------------------------------------------------------------
     integer(c_int), parameter, public :: TW_COMPUTE_DEFAULT = 0

@@ -291,7 +291,9 @@ typedef enum {
     TW_FFN_ATTR_TILE_WIDTH = 0,    /**< int32, 64/128/256, default 256: TwELL tile of the path */
     TW_FFN_ATTR_COMPRESSION = 1,   /**< int32, 2/4/8, default 8 */
     TW_FFN_ATTR_COMPUTE_MODE = 2,  /**< twComputeMode_t (stored as int32) */
-    TW_FFN_ATTR_DETERMINISTIC = 3  /**< int32 0/1: bitwise identical results run to run */
+    TW_FFN_ATTR_DETERMINISTIC = 3, /**< int32 0/1: bitwise identical results run to run */
+    TW_FFN_ATTR_SAVE_DENSE = 4     /**< int32 0/1, default 0: room in the saved state for g and u
+                                        of every token (see twSpGEMMFusedSaved_bufferSize) */
 } twFfnAttribute_t;
 /** DEFAULT rounds g, u, h to the value type as dense PyTorch does; HIGHEST_PRECISION keeps
  *  every intermediate in fp32. Accumulation is fp32 or better in both. */
@@ -357,6 +359,16 @@ TWBLAS_API twStatus_t twFfnResetNeuronCounts(twHandle_t h, twFfnDescr_t ffn);
 /** Bytes of the saved state for `tokens` tokens (the backend's compact format: ELL rows of the
  *  gate pattern with g and u; rows too dense for it are recomputed from X in the backward).
  *  Both backends: at most 128 units per token are kept, about 1/14 of a dense bf16 h at H = 5632.
+ *
+ *  TW_FFN_ATTR_SAVE_DENSE = 1 (CUDA, 16-bit DEFAULT mode, not deterministic) adds room for g and
+ *  u of every token in the value type: 4 x tokens x H bytes more for a gated bf16 FFN (2 x for
+ *  TW_FFN_RELU), 2/3 of what a dense step keeps ([g | u] and h). A training forward that runs in
+ *  dense mode (the previous forward found the activations too dense for the sparse path, as at
+ *  the start of training, before the L1 term has made them sparse) then keeps g and u there, and
+ *  the backward of that saved state runs as the dense step does instead of recomputing them
+ *  (two GEMMs more). The results agree either way up to rounding; a saved state moved to another address
+ *  before its backward is still read correctly, through the recompute. Set the attribute before
+ *  sizing the saved state; the CPU backend ignores it.
  *  0 bytes for tokens = 0; tokens <= INT32_MAX (INVALID_VALUE beyond: token ids are 32-bit, and
  *  the bound keeps every size inside size_t). */
 TWBLAS_API twStatus_t twSpGEMMFusedSaved_bufferSize(twHandle_t h, twFfnDescr_t ffn,

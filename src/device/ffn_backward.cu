@@ -189,12 +189,15 @@ void gather_dense_rows(cudaStream_t stream, const FfnProblem &p, const void *sav
     });
 }
 
-void dense_rows_grads(cudaStream_t stream, const FfnProblem &p, const TrainScratch &s, int64_t cap, float l1_scale) {
+/// dz, du, h of the first `cap` rows from z and u (NULL: the recomputed rz, ru) and dh in rh.
+void dense_rows_grads(cudaStream_t stream, const FfnProblem &p, const TrainScratch &s, int64_t cap, float l1_scale,
+                      const void *z = nullptr, const void *u = nullptr) {
     by_type(p.type, [&](auto t) {
         using T = decltype(t);
         if constexpr (!std::is_same_v<T, float>) {
             dense_grads<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 2048))), 256, 0, stream>>>(
-                static_cast<T *>(s.rz), static_cast<T *>(s.ru), static_cast<T *>(s.rh), cap, p.h, p.hp, p.gated, l1_scale);
+                static_cast<const T *>(z ? z : s.rz), static_cast<const T *>(u ? u : s.ru), static_cast<T *>(s.rz),
+                static_cast<T *>(s.ru), static_cast<T *>(s.rh), cap, p.h, p.hp, p.gated, l1_scale);
             check_launch("dense_grads");
         }
     });
@@ -247,6 +250,64 @@ void recompute_with_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProbl
          {s.dw_dense + 2 * plane, p.dp, TW_R_32F});
 }
 
+// ---- the backward of a dense-mode forward that kept z and u (save_dense): the dense step
+
+GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }
+/// The same memory as the transposed matrix.
+GemmOperand transposed(const GemmOperand &a) {
+    return {a.ptr, a.cols, a.rows, a.ld, a.order == TW_ORDER_ROW ? TW_ORDER_COL : TW_ORDER_ROW, a.type};
+}
+
+/// cuBLAS may write this weight gradient itself: 16-byte aligned, a leading dimension of whole
+/// 16-byte chunks (else the backward recomputes, whose kernels write any layout).
+bool gemm_writes(const twDnMatDescr *w) {
+    return !w || (reinterpret_cast<uintptr_t>(w->values) % 16 == 0 && (w->ld * elem_bytes(w->type)) % 16 == 0);
+}
+
+/// dW (H x D, either order) = A^T B for M-row A (M x H) and B (M x D), rounded once by cuBLAS.
+void weight_gradient(cudaStream_t stream, CudaFfnState &st, const TrainScratch &s, const GemmOperand &a,
+                     const GemmOperand &b, const twDnMatDescr &dw) {
+    const GemmOperand at = transposed(a), bt = transposed(b);  // H x M, D x M
+    if (dw.order == TW_ORDER_ROW)
+        st.gemm.run(stream, 1.0f, at, bt, {dw.values, dw.ld, dw.type}, s.lt_workspace, s.lt_bytes);
+    else  // the D x H row-major matrix dW^T = B^T A
+        st.gemm.run(stream, 1.0f, bt, at, {dw.values, dw.ld, dw.type}, s.lt_workspace, s.lt_bytes);
+}
+
+/// Every row as the dense cuBLAS step runs it, from the z and u the forward kept: dh = dY Wd^T,
+/// then dz, du, h in one pass, dX = dZ Wg (+ dU Wu) (fp32, rounded once), and each weight
+/// gradient as one GEMM straight into its output. No sort, no gathers, no recomputed GEMMs.
+void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const SavedView &sv,
+                          const twDnMatDescr &x, const twDnMatDescr &dy, float l1_scale, const twDnMatDescr &dx,
+                          const twDnMatDescr *dwg, const twDnMatDescr &dwu, const twDnMatDescr &dwd,
+                          const TrainScratch &s) {
+    const twDataType_t t = p.type;
+    const int64_t ps = p.gated ? 2 * p.dp : p.dp;
+    const void *down = static_cast<const char *>(st.pair.get()) + (p.gated ? p.dp * 2 : 0);
+    auto gemm = [&](GemmOperand a, GemmOperand b, GemmOutput z) {
+        st.gemm.run(stream, 1.0f, a, b, z, s.lt_workspace, s.lt_bytes);
+    };
+    gemm(operand(dy), {down, p.h, p.d, ps, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
+    dense_rows_grads(stream, p, s, p.m, l1_scale, sv.dense_z, sv.dense_u);
+    const GemmOperand dz{s.rz, p.m, p.h, p.hp, TW_ORDER_ROW, t}, du{s.ru, p.m, p.h, p.hp, TW_ORDER_ROW, t};
+    const GemmOperand h{s.rh, p.m, p.h, p.hp, TW_ORDER_ROW, t};
+    // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views
+    gemm(dz, {st.gate.get(), p.d, p.h, p.dp, TW_ORDER_COL, t}, {s.dxc, p.dp, TW_R_32F});
+    if (p.gated) gemm(du, {st.pair.get(), p.d, p.h, ps, TW_ORDER_COL, t}, {s.dxc + p.m * p.dp, p.dp, TW_R_32F});
+    const MatrixArg dxa = matrix_arg(dx);
+    by_type(t, [&](auto tag) {
+        using T = decltype(tag);
+        scatter_sum<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(p.m, 1024))), 256, 0, stream>>>(
+            s.dxc, p.gated ? s.dxc + p.m * p.dp : nullptr, p.dp, nullptr, nullptr, p.m, p.d, static_cast<T *>(dxa.ptr),
+            dxa.rs, dxa.cs);
+        check_launch("scatter_sum");
+    });
+    const GemmOperand xo = operand(x), dyo = operand(dy);
+    weight_gradient(stream, st, s, dz, xo, p.gated ? *dwg : dwu);  // dWg (dWu when plain)
+    if (p.gated) weight_gradient(stream, st, s, du, xo, dwu);
+    weight_gradient(stream, st, s, h, dyo, dwd);
+}
+
 }  // namespace
 
 void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const void *saved,
@@ -273,6 +334,9 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
     b.dwd = matrix_arg(dwd);
     b.l1_scale = p.m > 0 ? l1_coeff / static_cast<float>(p.m) : 0.0f;
     std::lock_guard<std::mutex> lock(st.mutex);
+    if (p.save_dense && p.m > 0 && st.dense_saved.holds(saved, p.m) && gemm_writes(dwg) && gemm_writes(&dwu) &&
+        gemm_writes(&dwd))
+        return dense_saved_backward(stream, st, p, saved_view(p, saved), x, dy, b.l1_scale, dx, dwg, dwu, dwd, s);
     sort_dense_list(stream, p, saved, s);
     // the forward's dense-path rows are recomputed: the first `cap` of them through cuBLAS (cap
     // from the measured share, as in the forward; in dense mode all of them), any beyond through

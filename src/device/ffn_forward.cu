@@ -195,13 +195,22 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
         launch_serve_sparse<T, 2>(stream, a);
 }
 
+/// Where dense mode keeps z, u and h (M x ldg each): the inference forward forms h over z in its
+/// workspace; a training forward with save_dense keeps z and u in the saved state.
+struct DenseModeBuffers {
+    void *z, *up, *h;
+};
+
+/// The packing pass: unit lists (sparse paths), or h and each row's l1 (dense mode, `dense`).
 template <class T>
 void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
-                 bool zero_inactive, bool dense_mode) {
+                 bool zero_inactive, const DenseModeBuffers *dense = nullptr) {
     check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
-    PackArgs<T> pk{s.gate, s.ldg, p.m, p.h, p.gate_f32(), zero_inactive, p.tile, p.slots, s.cap,
-                   s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
-                   dense_mode && p.gated ? static_cast<const T *>(s.up) : nullptr, dense_mode, s.row_l1};
+    const bool dense_mode = dense != nullptr;
+    PackArgs<T> pk{dense_mode ? dense->z : s.gate, s.ldg, p.m, p.h, p.gate_f32(), zero_inactive, p.tile, p.slots,
+                   s.cap, s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
+                   dense_mode && p.gated ? static_cast<const T *>(dense->up) : nullptr, dense_mode, s.row_l1,
+                   dense_mode ? static_cast<T *>(dense->h) : nullptr};
     pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
     check_launch("pack_rows");
 }
@@ -214,15 +223,15 @@ void run_gate_and_lists(cudaStream_t stream, CudaFfnState &st, const FfnProblem 
                         const twDnMatDescr &x, const FfnScratch &s, bool zero_inactive) {
     if (path.masked_gate) return run_masked_gate(stream, st, p, x, s, st.neuron_counts());
     run_gate_gemm(stream, st, p, operand(x), s);
-    launch_pack<T>(stream, p, s, st.neuron_counts(), zero_inactive, false);
+    launch_pack<T>(stream, p, s, st.neuron_counts(), zero_inactive);
 }
 
 /// Dense mode: the per-unit activation counts, by columns of the gate.
 template <class T>
-void launch_count_dense(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *counts) {
+void launch_count_dense(cudaStream_t stream, const FfnProblem &p, const void *z, int64_t ldz, unsigned long long *counts) {
     const int64_t rows = count_rows_per_block(p.m);
-    const dim3 grid(static_cast<unsigned>(ceil_div(s.ldg, 256 * 8)), static_cast<unsigned>(ceil_div(p.m, rows)));
-    count_active_columns<T><<<grid, 256, 0, stream>>>(static_cast<const T *>(s.gate), s.ldg, p.m, p.h, rows, counts);
+    const dim3 grid(static_cast<unsigned>(ceil_div(ldz, 256 * 8)), static_cast<unsigned>(ceil_div(p.m, rows)));
+    count_active_columns<T><<<grid, 256, 0, stream>>>(static_cast<const T *>(z), ldz, p.m, p.h, rows, counts);
     check_launch("count_active_columns");
 }
 
@@ -348,17 +357,20 @@ void run_dense_path_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProbl
     check_launch("scatter_rows");
 }
 
-/// Dense mode: the up projection of every row (gated), h and the statistics in one pass over the
-/// gate (pack), then the down projection (the gate GEMM ran before).
+/// Dense mode: z = X Wg^T and the up projection of every row (gated) by cuBLAS, h and the
+/// statistics in one pass over them (pack), then the down projection.
 template <class T>
 void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
-                    const twDnMatDescr &x, const twDnMatDescr &y) {
+                    const twDnMatDescr &x, const twDnMatDescr &y, const DenseModeBuffers &b) {
+    FfnScratch zs = s;
+    zs.gate = b.z;
+    run_gate_gemm(stream, st, p, operand(x), zs);
     if (p.gated)
         st.gemm.run(stream, 1.0f, operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
-                    {s.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
-    launch_count_dense<T>(stream, p, s, st.neuron_counts());
-    launch_pack<T>(stream, p, s, nullptr, false, true);
-    st.gemm.run(stream, 1.0f, {s.gate, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
+                    {b.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
+    launch_count_dense<T>(stream, p, b.z, s.ldg, st.neuron_counts());
+    launch_pack<T>(stream, p, s, nullptr, false, &b);
+    st.gemm.run(stream, 1.0f, {b.h, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
                 {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type}, s.lt_workspace,
                 s.lt_bytes);
 }
@@ -404,9 +416,8 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
         launch_finish<T>(stream, st, p, s, false, 0, hidden);
         return;
     }
-    if (path.dense_mode) {
-        run_gate_gemm(stream, st, p, operand(x), s);
-        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
+    if (path.dense_mode) {  // h over z in the workspace
+        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y, {s.gate, s.up, s.gate});
         launch_finish<T>(stream, st, p, s, false, 0, hidden);
         return;
     }
@@ -434,6 +445,7 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
     const SavedLayout l = saved_layout(p);
     write_header<<<1, 1, 0, stream>>>(saved_header(p), reinterpret_cast<SavedHeader *>(static_cast<char *>(saved) + l.header));
     check_launch("write_header");
+    st.dense_saved.forget(saved);  // until a dense-mode forward below has filled z and u
     if (p.m == 0) {  // the saved state of no tokens: a header and an empty dense list
         check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
         return;
@@ -441,13 +453,19 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
     const FfnWeights w = st.weights(p);
     const MatrixArg xa = matrix_arg(x), ya = matrix_arg(y);
     if (path.dense_mode) {
-        // every row is saved as one the backward recomputes (through cuBLAS: see ffn_backward)
-        run_gate_gemm(stream, st, p, operand(x), s);
-        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y);
+        // every row is saved as one the backward recomputes (through cuBLAS: see ffn_backward);
+        // with save_dense z and u stay in the saved state too, and the backward reads them
+        // instead when it knows this forward wrote them (st.dense_saved)
+        const SavedView sv = saved_view(p, saved);
+        const DenseModeBuffers b = p.save_dense ? DenseModeBuffers{const_cast<void *>(sv.dense_z),
+                                                                   const_cast<void *>(sv.dense_u), s.gate}
+                                                : DenseModeBuffers{s.gate, s.up, s.gate};
+        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y, b);
         launch_finish<T>(stream, st, p, s, false, 0, nullptr);
         all_rows_dense<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(s.count, s.dense_rows,
                                                                                           s.dense_count, p.m);
         check_launch("all_rows_dense");
+        if (p.save_dense) st.dense_saved.remember(saved, p.m);
         return;
     }
     run_gate_and_lists<T>(stream, st, p, path, x, s, false);

@@ -79,6 +79,9 @@ SavedLayout saved_layout(const FfnProblem &p) {
     l.idx = at(m * e * 2);
     l.g = at(m * e * p.gate_bytes());
     l.u = at(p.gated ? m * e * p.gate_bytes() : 0);
+    const size_t dense = p.save_dense ? m * static_cast<size_t>(p.hp) * 2 : 0;  // 16-bit values
+    l.dense_z = at(dense);
+    l.dense_u = at(p.gated ? dense : 0);
     l.total = c.used();
     return l;
 }
@@ -92,7 +95,8 @@ SavedView saved_view(const FfnProblem &p, const void *saved) {
     const auto *b = static_cast<const char *>(saved);
     return {reinterpret_cast<const uint32_t *>(b + l.words), reinterpret_cast<const int32_t *>(b + l.count),
             reinterpret_cast<const int32_t *>(b + l.dense_rows), reinterpret_cast<const uint16_t *>(b + l.idx),
-            b + l.g, b + l.u};
+            b + l.g, b + l.u, p.save_dense ? b + l.dense_z : nullptr,
+            p.save_dense && p.gated ? b + l.dense_u : nullptr};
 }
 
 void point_scratch_into_saved(const FfnProblem &p, void *saved, FfnScratch &s) {

@@ -16,6 +16,8 @@ struct FfnProblem {
     int64_t m, d, h, dp, hp;  // dp, hp: D and H rounded up to 8 (16-byte rows)
     twDataType_t type;        // X, Y and weights
     bool gated, highest, deterministic;
+    bool save_dense;      // TW_FFN_ATTR_SAVE_DENSE where dense mode can run: the saved state has
+                          // room for z and u of every row
     int32_t tile, slots;  // TwELL tile of the path: a row with more than `slots` active units in
                           // a tile goes through the exact dense path
     /// The gate (and h, u, dz, du) in fp32: fp32 data, or HIGHEST_PRECISION.
@@ -121,10 +123,12 @@ constexpr int32_t kSavedEll = 128;
 /// (shape, type, mode), the dense-list count (and the forward's finishing ticket), each row's
 /// count (-1 or -2: a row on the dense path, recomputed from X in the backward), the dense list,
 /// and an ELL part: each sparse row's active units in ascending order with their g and u (gate
-/// type). At the paper's shape it is 1/14 of a dense bf16 h.
+/// type). At the paper's shape it is 1/14 of a dense bf16 h. With save_dense, then z and u of
+/// every row (M x hp each, value type), which a dense-mode forward fills (CudaFfnState's
+/// dense_saved says which saved states hold them).
 struct SavedLayout {
     int32_t ell;
-    size_t header, words, count, dense_rows, idx, g, u, total;
+    size_t header, words, count, dense_rows, idx, g, u, dense_z, dense_u, total;
 };
 SavedLayout saved_layout(const FfnProblem &p);
 
@@ -142,6 +146,7 @@ struct SavedView {
     const int32_t *count, *dense_rows;
     const uint16_t *idx;
     const void *g, *u;
+    const void *dense_z, *dense_u;  // M x hp (save_dense; dense_u for a gated FFN), else NULL
 };
 SavedView saved_view(const FfnProblem &p, const void *saved);
 /// Points the forward's lists, counts and saved g / u into `saved` (the training forward writes

@@ -19,6 +19,8 @@ FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens) {
     p.deterministic = ffn.deterministic != 0;
     p.tile = ffn.tile_width;
     p.slots = ffn.tile_width / ffn.compression - 1;
+    // dense mode runs only where cuBLAS may (and never in deterministic mode: it would switch)
+    p.save_dense = ffn.save_dense != 0 && p.cublas_ok() && !p.deterministic;
     return p;
 }
 

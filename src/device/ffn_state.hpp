@@ -16,6 +16,40 @@
 
 namespace twblas::cuda {
 
+/// The saved states in which a dense-mode training forward of this FFN left z and u of every row
+/// (save_dense), by address and token count: their backward reads them instead of recomputing.
+/// A state not listed (never written so, overwritten by a sparse forward, moved, or pushed out by
+/// newer ones) is recomputed from X through its dense list, which is always valid: forgetting
+/// costs speed, never correctness. Host memory only; guarded by the state's mutex.
+class DenseSavedStates {
+  public:
+    void remember(const void *saved, int64_t tokens) {
+        forget(saved);
+        slots_[next_] = {saved, tokens};
+        next_ = (next_ + 1) % kSlots;
+    }
+    void forget(const void *saved) {
+        for (Entry &e : slots_)
+            if (e.saved == saved) e = Entry{};
+    }
+    bool holds(const void *saved, int64_t tokens) const {
+        for (const Entry &e : slots_)
+            if (e.saved == saved && e.tokens == tokens) return saved != nullptr;
+        return false;
+    }
+
+  private:
+    // forwards whose backward has not run yet: micro-batches of gradient accumulation, pipeline
+    // stages; more than this many in flight only recompute the oldest
+    static constexpr int kSlots = 32;
+    struct Entry {
+        const void *saved = nullptr;
+        int64_t tokens = 0;
+    };
+    Entry slots_[kSlots];
+    int next_ = 0;
+};
+
 struct CudaFfnState final : FfnState {
     DeviceBuffer gate, pair, down_t;  // FfnWeights
     DeviceBuffer stats;               // FfnStatsBlock
@@ -34,6 +68,7 @@ struct CudaFfnState final : FfnState {
     bool dense_mode = false;
     double mean_active = 0.0;  // active units per token (feedback_mean: up to ~19 % above)
     double dense_row_fraction = 0.0;
+    DenseSavedStates dense_saved;
 
     FfnWeights weights(const FfnProblem &p) const {
         return {gate.get(), pair.get(), p.gated ? 2 * p.dp : p.dp, down_t.get()};

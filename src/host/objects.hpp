@@ -97,6 +97,7 @@ struct twFfnDescr {
     int32_t compression = 8;
     int32_t compute_mode = TW_COMPUTE_DEFAULT;
     int32_t deterministic = 0;
+    int32_t save_dense = 0;  // TW_FFN_ATTR_SAVE_DENSE
     std::unique_ptr<twblas::FfnState> state;  // backend-owned: packed weights, stats, counts
     twFfnDescr();
     ~twFfnDescr();

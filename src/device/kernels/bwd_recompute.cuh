@@ -25,16 +25,17 @@ template <class T> __global__ void gather_pair(MatrixArg x, MatrixArg dy, const 
     }
 }
 
-/// z, u, dh (cuBLAS outputs, value type) -> dz, du, h in place, as the BackwardGrad epilogue.
-template <class T> __global__ void dense_grads(T *rz, T *ru, T *rh, int64_t cap, int64_t h, int64_t hp, bool gated,
-                                               float l1_scale) {
+/// z, u (value type: cuBLAS outputs recomputed into rz, ru, or kept by a dense-mode forward)
+/// and dh (in rh) -> dz, du, h into rz, ru, rh, as the BackwardGrad epilogue.
+template <class T> __global__ void dense_grads(const T *z_in, const T *u_in, T *rz, T *ru, T *rh, int64_t cap, int64_t h,
+                                               int64_t hp, bool gated, float l1_scale) {
     for (int64_t i = blockIdx.x; i < cap; i += gridDim.x)
         for (int64_t j = threadIdx.x; j < hp; j += blockDim.x) {
             const int64_t at = i * hp + j;
-            const float z = Value<T>::to_float(rz[at]);
+            const float z = Value<T>::to_float(z_in[at]);
             UnitGrad ug{0.0f, 0.0f, 0.0f};
             if (j < h && relu_active(z))
-                ug = unit_grad<T>(z, gated ? Value<T>::to_float(ru[at]) : 0.0f, Value<T>::to_float(rh[at]), gated, false,
+                ug = unit_grad<T>(z, gated ? Value<T>::to_float(u_in[at]) : 0.0f, Value<T>::to_float(rh[at]), gated, false,
                                   l1_scale);
             rz[at] = Value<T>::from_float(ug.dz);
             if (gated) ru[at] = Value<T>::from_float(ug.du);
@@ -43,11 +44,12 @@ template <class T> __global__ void dense_grads(T *rz, T *ru, T *rh, int64_t cap,
 }
 
 /// dX rows of the first `cap` list positions: dZ Wg (+ dU Wu), fp32 from cuBLAS, rounded once.
+/// rows NULL: every row in order (`cap` of them).
 template <class T> __global__ void scatter_sum(const float *a, const float *b, int64_t ld, const int32_t *rows,
                                                const uint32_t *count, int64_t cap, int64_t d, T *dx, int64_t rs, int64_t cs) {
-    const int64_t n = min(static_cast<int64_t>(*count), cap);
+    const int64_t n = rows ? min(static_cast<int64_t>(*count), cap) : cap;
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-        const int64_t r = rows[i];
+        const int64_t r = rows ? rows[i] : i;
         for (int64_t k = threadIdx.x; k < d; k += blockDim.x)
             dx[r * rs + k * cs] = Value<T>::from_float(a[i * ld + k] + (b ? b[i * ld + k] : 0.0f));
     }

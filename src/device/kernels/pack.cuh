@@ -38,8 +38,9 @@ struct PackArgs {
     unsigned long long *neuron_counts;
     int row_limit;    // rows with more active units go to the dense path (GEMMs beat gathers)
     const T *up;      // dense mode (16-bit types): X Wu^T of every row, NULL for a plain FFN
-    bool dense_mode;  // dense mode: write h over the gate and each row's l1; no unit lists
+    bool dense_mode;  // dense mode: write h and each row's l1; no unit lists
     float *row_l1;
+    T *h_out;         // dense mode: where h goes (ldg apart), NULL: over the gate values
 };
 
 template <class T>
@@ -110,8 +111,8 @@ __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> a) {
                         out[i] = Value<T>::from_float(hv);
                         l1 += fabsf(Value<T>::to_float(out[i]));
                     }
-                    *reinterpret_cast<uint4 *>(static_cast<T *>(a.gate) + row * a.ldg + cl) =
-                        *reinterpret_cast<const uint4 *>(out);
+                    T *h = a.h_out ? a.h_out : static_cast<T *>(a.gate);
+                    *reinterpret_cast<uint4 *>(h + row * a.ldg + cl) = *reinterpret_cast<const uint4 *>(out);
                 }
             }
             if (a.zero_inactive && !a.dense_mode && cl < a.ldg && mask != 0xffu) {
