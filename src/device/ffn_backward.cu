@@ -195,7 +195,9 @@ void dense_rows_grads(cudaStream_t stream, const FfnProblem &p, const TrainScrat
     by_type(p.type, [&](auto t) {
         using T = decltype(t);
         if constexpr (!std::is_same_v<T, float>) {
-            dense_grads<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 2048))), 256, 0, stream>>>(
+            const int64_t chunks = cap * (p.hp / 8);
+            dense_grads<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(chunks, 256), 8192))),
+                             256, 0, stream>>>(
                 static_cast<const T *>(z ? z : s.rz), static_cast<const T *>(u ? u : s.ru), static_cast<T *>(s.rz),
                 static_cast<T *>(s.ru), static_cast<T *>(s.rh), cap, p.h, p.hp, p.gated, l1_scale);
             check_launch("dense_grads");

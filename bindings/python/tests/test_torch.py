@@ -82,6 +82,31 @@ def test_forward_and_gradients_match_dense(device, gated, dtype, tol, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gated", [True, False])
+def test_save_dense_steps_match_dense(device, gated):
+    # dense activations (about half the units fire): after the first step the CUDA backend runs
+    # the step in dense mode and, with save_dense, its backward from the kept g and u
+    torch.manual_seed(5 + gated)
+    dtype, tol = (torch.bfloat16, 2e-2) if device == "cuda" else (torch.float32, 1e-5)
+    dense = DenseMLP(64, 256, gated, dtype, device)
+    mlp = SparseMLP(64, 256, gated=gated, device=device, dtype=dtype, save_dense=True)
+    mlp.load_state_dict(dense.state_dict())
+    x = torch.randn(300, 64, dtype=dtype, device=device, requires_grad=True)
+    dy = torch.randn(300, 64, dtype=dtype, device=device)
+    for _ in range(2):
+        for t in (x,) + tuple(mlp.parameters()):
+            t.grad = None
+        (mlp(x) * dy).sum().add(0.1 * mlp.l1).backward()
+    assert mlp.stats()["mean_active"] > 64
+    got = [t.grad.clone() for t in (x, mlp.up_proj.weight, mlp.down_proj.weight)]
+    x.grad = None
+    y, l1 = dense(x)
+    (y * dy).sum().add(0.1 * l1).backward()
+    for g, want in zip(got, (x.grad, dense.up_proj.weight.grad, dense.down_proj.weight.grad)):
+        assert _rel(g, want) < 5 * tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_l1_gradient_alone(device):
     torch.manual_seed(1)
     dense = DenseMLP(16, 48, True, device=device)

@@ -220,8 +220,9 @@ def _weights(w_gate, w_up, w_down):
 
 @torch.library.custom_op("twblas::ffn_forward", mutates_args=())
 def _ffn_forward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
-                 training: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """(y, l1, saved): saved is the C API's saved state (bytes) when `training`, else empty."""
+                 training: bool, save_dense: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(y, l1, saved): saved is the C API's saved state (bytes) when `training`, else empty;
+    `save_dense` sets TW_FFN_ATTR_SAVE_DENSE before it is sized."""
     handle = _handle(x.device)
     ws = _weights(w_gate, w_up, w_down)
     ffn = _ffn(handle, ws)
@@ -237,6 +238,9 @@ def _ffn_forward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tens
             "twSpGEMMFused_bufferSize")
     work = _workspace(nbytes.value, x.device)
     if training:
+        flag = ctypes.c_int32(1 if save_dense else 0)
+        C.check(C.lib().twFfnSetAttribute(ffn.ptr, C.FFN_ATTR_SAVE_DENSE, ctypes.byref(flag), 4), None,
+                "twFfnSetAttribute")
         sbytes = ctypes.c_size_t()
         C.check(C.lib().twSpGEMMFusedSaved_bufferSize(h, ffn.ptr, m, ctypes.byref(sbytes)), h,
                 "twSpGEMMFusedSaved_bufferSize")
@@ -252,7 +256,7 @@ def _ffn_forward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tens
 
 
 @_ffn_forward.register_fake
-def _(x, w_gate, w_up, w_down, training):
+def _(x, w_gate, w_up, w_down, training, save_dense):
     saved_len = torch.library.get_ctx().new_dynamic_size() if training else 0
     return (torch.empty_like(x), x.new_empty((), dtype=torch.float32),
             x.new_empty(saved_len, dtype=torch.uint8))
@@ -295,7 +299,7 @@ def _(x, w_gate, w_up, w_down, saved, dy, dl1):
 
 
 def _setup_context(ctx, inputs, output):
-    x, w_gate, w_up, w_down, training = inputs
+    x, w_gate, w_up, w_down, training, save_dense = inputs
     _, _, saved = output
     ctx.gated = w_gate is not None
     ctx.save_for_backward(x, w_gate, w_up, w_down, saved)
@@ -308,7 +312,7 @@ def _backward(ctx, dy, dl1, dsaved):
     if dl1 is None:
         dl1 = x.new_zeros((), dtype=torch.float32)
     dx, dwu, dwd, dwg = _ffn_backward(x, w_gate, w_up, w_down, saved, dy, dl1)
-    return dx, (dwg if ctx.gated else None), dwu, dwd, None
+    return dx, (dwg if ctx.gated else None), dwu, dwd, None, None
 
 
 torch.library.register_autograd("twblas::ffn_forward", _backward, setup_context=_setup_context)
@@ -318,15 +322,21 @@ torch.library.register_autograd("twblas::ffn_forward", _backward, setup_context=
 # the public interface
 
 
-def sparse_ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor) -> Tuple[Tensor, Tensor]:
+def sparse_ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
+               save_dense: bool = False) -> Tuple[Tensor, Tensor]:
     """y = (ReLU(x w_gate^T) * (x w_up^T)) w_down^T, or ReLU(x w_up^T) w_down^T with w_gate None;
-    and l1 = mean over tokens of sum_j |h_tj|. Differentiable in x, every weight and through l1."""
+    and l1 = mean over tokens of sum_j |h_tj|. Differentiable in x, every weight and through l1.
+
+    save_dense (CUDA, 16-bit): when a training step runs in dense mode (activations too dense
+    for the sparse path, as at the start of training), keep g and u of every token for the
+    backward (4 bytes x tokens x H more for bf16, held until the backward) so that the step
+    runs at the dense step's speed instead of recomputing them. Results are the same."""
     _check_inputs(x, w_gate, w_up, w_down)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down))
-    y, l1, _ = _ffn_forward(x2, w_gate, w_up, w_down, training)
+    y, l1, _ = _ffn_forward(x2, w_gate, w_up, w_down, training, save_dense)
     return y.reshape(shape), l1
 
 
@@ -336,8 +346,10 @@ class SparseMLP(torch.nn.Module):
     forward(x) -> y; the last forward's l1 is `.l1`; `.stats()` gives the last forward's tokens,
     mean_active, max_active and overflow_rows. A LLaMA MLP's state_dict loads as it is."""
 
-    def __init__(self, d_model: int, d_ff: int, gated: bool = True, device=None, dtype=None):
+    def __init__(self, d_model: int, d_ff: int, gated: bool = True, device=None, dtype=None,
+                 save_dense: bool = False):
         super().__init__()
+        self.save_dense = save_dense  # see sparse_ffn
         kw = {"device": device, "dtype": dtype}
         self.gated = gated
         self.gate_proj = torch.nn.Linear(d_model, d_ff, bias=False, **kw) if gated else None
@@ -347,7 +359,7 @@ class SparseMLP(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         y, l1 = sparse_ffn(x, self.gate_proj.weight if self.gated else None, self.up_proj.weight,
-                           self.down_proj.weight)
+                           self.down_proj.weight, save_dense=self.save_dense)
         self.l1 = l1
         return y
 
