@@ -65,7 +65,7 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${_twblas_deb_depends}")
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libtwblas${PROJECT_VERSION_MAJOR} (= ${PROJECT_VERSION})")
 if(TWBLAS_WITH_CUDA)
   set(CPACK_COMPONENT_RUNTIME_DESCRIPTION
-      "twblas shared library with the CPU and CUDA (sm_90a) backends.\n Needs the CUDA ${CUDAToolkit_VERSION_MAJOR} runtime, cuBLAS and cuSPARSE libraries of the toolkit.")
+      "twblas shared library with the CPU and CUDA (sm_80 and newer; sm_90a kernels for Hopper) backends.\n Needs the CUDA ${CUDAToolkit_VERSION_MAJOR} runtime, cuBLAS and cuSPARSE libraries of the toolkit.")
 else()
   set(CPACK_COMPONENT_RUNTIME_DESCRIPTION "twblas shared library (CPU backend)")
 endif()

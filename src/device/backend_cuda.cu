@@ -52,6 +52,20 @@ bool binary_runs_on_device() {
     (void)cudaGetLastError();
     return false;
 }
+/// The PTX version of the code the runtime runs on this device (80 for a compute_80 build JIT-
+/// compiled on an H100), 0 when there is none. Every kernel but the sm_90a ones is built alike.
+int device_code_ptx_version() {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, arch_probe) == cudaSuccess) return attr.ptxVersion;
+    (void)cudaGetLastError();
+    return 0;
+}
+
+#if !defined(TWBLAS_CUDA_ARCHITECTURES)
+#define TWBLAS_CUDA_ARCHITECTURES "(not recorded)"
+#endif
+/// The oldest GPUs the kernels are written for: Ampere's cp.async, bf16 tensor cores.
+constexpr int kMinMajor = 8;
 
 }  // namespace
 
@@ -64,6 +78,7 @@ DeviceInfo current_device_info() {
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, info.device);
     }
     info.masked_gate = masked_gate_gemm_built() && major == 9;
+    info.pdl = major >= 9 && device_code_ptx_version() >= 90;
     return info;
 }
 }  // namespace cuda
@@ -196,16 +211,20 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-bool cuda_backend_usable() { return current_device().major >= 9 && binary_runs_on_device(); }
+bool cuda_backend_usable() { return current_device().major >= kMinMajor && binary_runs_on_device(); }
 
 std::unique_ptr<Backend> make_cuda_backend(void *const *stream_slot) {
     const DeviceArch dev = current_device();
     if (dev.major < 0) fail(TW_STATUS_NOT_SUPPORTED, "backend: no usable GPU found by the CUDA runtime");
-    // the kernels need Hopper's features (sm_90); and the binary must hold code for this GPU
-    if (dev.major < 9 || !binary_runs_on_device())
-        fail(TW_STATUS_ARCH_MISMATCH,
-             "backend: this libtwblas holds CUDA code for sm_90a (Hopper) only; the GPU is %s (compute capability %d.%d)",
+    // the kernels need sm_80 features; and the binary must hold code (SASS or PTX) for this GPU
+    if (dev.major < kMinMajor)
+        fail(TW_STATUS_ARCH_MISMATCH, "backend: the CUDA backend needs compute capability 8.0 or newer; the GPU is %s (%d.%d)",
              dev.name, dev.major, dev.minor);
+    if (!binary_runs_on_device())
+        fail(TW_STATUS_ARCH_MISMATCH,
+             "backend: this libtwblas holds CUDA code for the architectures %s, none of which runs on %s (compute "
+             "capability %d.%d); rebuild with CMAKE_CUDA_ARCHITECTURES naming it",
+             TWBLAS_CUDA_ARCHITECTURES, dev.name, dev.major, dev.minor);
     return std::make_unique<CudaBackend>(stream_slot);
 }
 

@@ -137,7 +137,9 @@ void launch_serve_gate(cudaStream_t stream, const ServeArgs<T> &a) {
     check_launch("serve_gate");
 }
 
-template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const ServeArgs<T> &a) {
+/// serve_sparse; with `pdl` its blocks may start while serve_gate finishes (they wait on the device
+/// for its results), without it after (code for older GPUs has no device-side wait).
+template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const ServeArgs<T> &a, bool pdl) {
     constexpr int E = Chunk<T>::n;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(a.m), static_cast<unsigned>(a.splits));
@@ -148,7 +150,7 @@ template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const Se
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = pdl ? 1 : 0;
     check(cudaLaunchKernelEx(&cfg, serve_sparse<T, V>, a), "cudaLaunchKernelEx(serve_sparse)");
 }
 
@@ -190,9 +192,9 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     }
     static_assert(heuristics::kServeGateMaxTokens <= 32, "serve_gate instantiates up to 4 token tiles");
     if (p.dp <= 4096)
-        launch_serve_sparse<T, 1>(stream, a);
+        launch_serve_sparse<T, 1>(stream, a, st.pdl);
     else
-        launch_serve_sparse<T, 2>(stream, a);
+        launch_serve_sparse<T, 2>(stream, a, st.pdl);
 }
 
 /// Where dense mode keeps z, u and h (M x ldg each): the inference forward forms h over z in its

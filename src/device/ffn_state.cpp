@@ -36,6 +36,7 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const Device
     st->sm_count = device.sm_count;
     st->device = device.device;
     st->masked_gate = device.masked_gate;
+    st->pdl = device.pdl;
     const size_t eb = elem_bytes(p.type);
     st->gate.reset(static_cast<size_t>(p.h * p.dp) * eb);
     st->pair.reset(static_cast<size_t>(p.h * p.dp * (p.gated ? 2 : 1)) * eb);

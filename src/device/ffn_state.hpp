@@ -58,6 +58,7 @@ struct CudaFfnState final : FfnState {
     int sm_count = 132;
     int device = 0;
     bool masked_gate = false;  // the masked gate GEMM runs here (built for sm_90a, an sm_90 GPU)
+    bool pdl = false;          // DeviceInfo::pdl
     GemmRunner gemm;  // cuBLASLt plans of this FFN's shapes (bounded)
     CallGraphs calls{8};
 

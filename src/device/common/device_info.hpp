@@ -8,6 +8,8 @@ struct DeviceInfo {
     int device = 0;
     int sm_count = 132;
     bool masked_gate = false;  // the masked gate GEMM runs here (built for sm_90a, an sm_90 GPU)
+    bool pdl = false;  // programmatic dependent launch: an sm_90+ GPU running code compiled for
+                       // compute_90+ (the kernels' grid-dependency calls exist only there)
 };
 
 /// The current device's; the defaults above where the runtime does not answer (the handle's

@@ -1,7 +1,18 @@
-// Which builds and operands the masked gate GEMM takes, and the dispatch by type.
-#include "gemm/masked_gate_gemm.cuh"
+// Which builds and operands the masked gate GEMM takes, and the dispatch by type. Compiled for
+// every architecture of the build; the kernels themselves (masked_gate_gemm_{bf16,f16}.cu) only
+// for sm_90a, where TWBLAS_HAVE_SM90A says they were built.
+#include "gemm/masked_gate_gemm.hpp"
+
+#include "host/error.hpp"
 
 namespace twblas::cuda {
+
+#if defined(TWBLAS_HAVE_SM90A)
+namespace masked_gate {
+void launch_bf16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
+void launch_f16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
+}  // namespace masked_gate
+#endif
 
 namespace {
 bool aligned16(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -27,10 +38,15 @@ bool masked_gate_gemm_fits(twDataType_t type, const MaskedGateGemm &g) {
 }
 
 void launch_masked_gate_gemm(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g, int device, int sm_count) {
+#if defined(TWBLAS_HAVE_SM90A)
     if (type == TW_R_16BF)
-        masked_gate::launch_typed<cutlass::bfloat16_t>(stream, g, device, sm_count);
+        masked_gate::launch_bf16(stream, g, device, sm_count);
     else
-        masked_gate::launch_typed<cutlass::half_t>(stream, g, device, sm_count);
+        masked_gate::launch_f16(stream, g, device, sm_count);
+#else
+    (void)stream, (void)type, (void)g, (void)device, (void)sm_count;
+    fail(TW_STATUS_INTERNAL_ERROR, "masked gate GEMM: this build holds no sm_90a code (masked_gate_gemm_built)");
+#endif
 }
 
 }  // namespace twblas::cuda

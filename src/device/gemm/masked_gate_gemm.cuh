@@ -225,8 +225,9 @@ void launch_typed(cudaStream_t stream, const MaskedGateGemm &g, int device, int 
         fail(TW_STATUS_EXECUTION_FAILED, "masked gate GEMM: launch failed");
 }
 
-// one explicit instantiation per 16-bit type, each in its own translation unit
-extern template void launch_typed<cutlass::bfloat16_t>(cudaStream_t, const MaskedGateGemm &, int, int);
-extern template void launch_typed<cutlass::half_t>(cudaStream_t, const MaskedGateGemm &, int, int);
+// one instantiation per 16-bit type, each in its own translation unit (launch_bf16, launch_f16),
+// compiled for sm_90a alone (src/CMakeLists.txt: twblas_hopper_objects)
+void launch_bf16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
+void launch_f16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 
 }  // namespace twblas::cuda::masked_gate

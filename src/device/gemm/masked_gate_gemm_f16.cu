@@ -2,5 +2,7 @@
 #include "gemm/masked_gate_gemm.cuh"
 
 namespace twblas::cuda::masked_gate {
-template void launch_typed<cutlass::half_t>(cudaStream_t, const MaskedGateGemm &, int, int);
+void launch_f16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count) {
+    launch_typed<cutlass::half_t>(stream, g, device, sm_count);
+}
 }  // namespace twblas::cuda::masked_gate
