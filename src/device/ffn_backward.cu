@@ -254,12 +254,6 @@ void recompute_with_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProbl
 
 // ---- the backward of a dense-mode forward that kept z and u (save_dense): the dense step
 
-GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }
-/// The same memory as the transposed matrix.
-GemmOperand transposed(const GemmOperand &a) {
-    return {a.ptr, a.cols, a.rows, a.ld, a.order == TW_ORDER_ROW ? TW_ORDER_COL : TW_ORDER_ROW, a.type};
-}
-
 /// cuBLAS may write this weight gradient itself: 16-byte aligned, a leading dimension of whole
 /// 16-byte chunks (else the backward recomputes, whose kernels write any layout).
 bool gemm_writes(const twDnMatDescr *w) {
@@ -289,7 +283,7 @@ void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProble
     auto gemm = [&](GemmOperand a, GemmOperand b, GemmOutput z) {
         st.gemm.run(stream, 1.0f, a, b, z, s.lt_workspace, s.lt_bytes);
     };
-    gemm(operand(dy), {down, p.h, p.d, ps, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
+    gemm(gemm_operand(dy), {down, p.h, p.d, ps, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
     dense_rows_grads(stream, p, s, p.m, l1_scale, sv.dense_z, sv.dense_u);
     const GemmOperand dz{s.rz, p.m, p.h, p.hp, TW_ORDER_ROW, t}, du{s.ru, p.m, p.h, p.hp, TW_ORDER_ROW, t};
     const GemmOperand h{s.rh, p.m, p.h, p.hp, TW_ORDER_ROW, t};
@@ -304,7 +298,7 @@ void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProble
             dxa.rs, dxa.cs);
         check_launch("scatter_sum");
     });
-    const GemmOperand xo = operand(x), dyo = operand(dy);
+    const GemmOperand xo = gemm_operand(x), dyo = gemm_operand(dy);
     weight_gradient(stream, st, s, dz, xo, p.gated ? *dwg : dwu);  // dWg (dWu when plain)
     if (p.gated) weight_gradient(stream, st, s, du, xo, dwu);
     weight_gradient(stream, st, s, h, dyo, dwd);

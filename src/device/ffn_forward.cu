@@ -34,8 +34,6 @@ namespace twblas::cuda {
 
 namespace {
 
-GemmOperand operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }
-
 /// The masked gate GEMM's operands: z = X Wg^T into the gate buffer (its active values), the
 /// words into unit_masks.
 MaskedGateGemm masked_gate_operands(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
@@ -224,7 +222,7 @@ template <class T>
 void run_gate_and_lists(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
                         const twDnMatDescr &x, const FfnScratch &s, bool zero_inactive) {
     if (path.masked_gate) return run_masked_gate(stream, st, p, x, s, st.neuron_counts());
-    run_gate_gemm(stream, st, p, operand(x), s);
+    run_gate_gemm(stream, st, p, gemm_operand(x), s);
     launch_pack<T>(stream, p, s, st.neuron_counts(), zero_inactive);
 }
 
@@ -366,9 +364,9 @@ void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, 
                     const twDnMatDescr &x, const twDnMatDescr &y, const DenseModeBuffers &b) {
     FfnScratch zs = s;
     zs.gate = b.z;
-    run_gate_gemm(stream, st, p, operand(x), zs);
+    run_gate_gemm(stream, st, p, gemm_operand(x), zs);
     if (p.gated)
-        st.gemm.run(stream, 1.0f, operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
+        st.gemm.run(stream, 1.0f, gemm_operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
                     {b.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
     launch_count_dense<T>(stream, p, b.z, s.ldg, st.neuron_counts());
     launch_pack<T>(stream, p, s, nullptr, false, &b);
@@ -405,7 +403,7 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
     const MatrixArg xa = matrix_arg(x), ya = matrix_arg(y);
     if (path.serve) {
         if constexpr (!std::is_same_v<T, float>) {
-            launch_serve<T>(stream, st, p, w, xa, operand(x), ya, s, st.neuron_counts(), hidden != nullptr);
+            launch_serve<T>(stream, st, p, w, xa, gemm_operand(x), ya, s, st.neuron_counts(), hidden != nullptr);
             if (hidden) {  // h over the gate buffer, 0 for inactive units (serve_gate wrote them)
                 const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, p.type};
                 write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags);
@@ -458,9 +456,8 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
         // every row is saved as one the backward recomputes (through cuBLAS: see ffn_backward);
         // with save_dense z and u stay in the saved state too, and the backward reads them
         // instead when it knows this forward wrote them (st.dense_saved)
-        const SavedView sv = saved_view(p, saved);
-        const DenseModeBuffers b = p.save_dense ? DenseModeBuffers{const_cast<void *>(sv.dense_z),
-                                                                   const_cast<void *>(sv.dense_u), s.gate}
+        char *const sb = static_cast<char *>(saved);
+        const DenseModeBuffers b = p.save_dense ? DenseModeBuffers{sb + l.dense_z, p.gated ? sb + l.dense_u : nullptr, s.gate}
                                                 : DenseModeBuffers{s.gate, s.up, s.gate};
         if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y, b);
         launch_finish<T>(stream, st, p, s, false, 0, nullptr);

@@ -68,7 +68,7 @@ void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, const DeviceInfo &dev
         write_sparse(stream, {s.z, a.rows, b.rows, ldz, 1, a.type}, act, c, s.flags, {g.masks, g.words});
         return;
     }
-    gemm.run(stream, alpha, {a.values, a.rows, a.cols, a.ld, a.order, a.type}, {b.values, b.rows, b.cols, b.ld, b.order, b.type},
+    gemm.run(stream, alpha, gemm_operand(a), gemm_operand(b),
              {s.z, ldz, TW_R_32F}, s.lt, GemmRunner::kWorkspaceBytes);
     const MatrixArg z{s.z, a.rows, b.rows, ldz, 1, TW_R_32F};
     write_sparse(stream, z, act, c, s.flags);

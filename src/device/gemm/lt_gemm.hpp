@@ -14,6 +14,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "host/objects.hpp"
 #include "twblas/twblas.h"
 
 namespace twblas::cuda {
@@ -24,6 +25,12 @@ struct GemmOperand {
     twOrder_t order;
     twDataType_t type;
 };
+/// A dense descriptor as a GEMM operand.
+inline GemmOperand gemm_operand(const twDnMatDescr &d) { return {d.values, d.rows, d.cols, d.ld, d.order, d.type}; }
+/// The same memory read as the transposed matrix.
+inline GemmOperand transposed(const GemmOperand &a) {
+    return {a.ptr, a.cols, a.rows, a.ld, a.order == TW_ORDER_ROW ? TW_ORDER_COL : TW_ORDER_ROW, a.type};
+}
 struct GemmOutput {
     void *ptr;
     int64_t ld;  // row-major, ld >= N
