@@ -127,11 +127,12 @@ void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w
     check_launch("decode_reduce");
 }
 
-/// The serving path: serve_gate, then serve_sparse joined to it by programmatic dependent launch
-/// (its blocks start as the gate's finish, and wait on the device for the gate's results).
-template <class T, int NT, int U, int W>
-void launch_serve_gate(cudaStream_t stream, const ServeArgs<T> &a) {
-    serve_gate<T, NT, U, W><<<static_cast<unsigned>(ceil_div(a.h, kServeGateUnits)), 32 * W, 0, stream>>>(a);
+/// The serving path: serve_gate, then serve_down (or, past serve_gate's tokens, cuBLAS's gate and
+/// serve_sparse) joined to it by programmatic dependent launch (its blocks start as the gate's
+/// finish, and wait on the device for the gate's results).
+template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, const ServeArgs<T> &a) {
+    // a block per 8 units, 4 per mask word: every byte of the words is written
+    serve_gate<T, R, U><<<static_cast<unsigned>(4 * a.words), 32 * kServeGateWarps, 0, stream>>>(a);
     check_launch("serve_gate");
 }
 
@@ -150,6 +151,20 @@ template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const Se
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     check(cudaLaunchKernelEx(&cfg, serve_sparse<T, V>, a), "cudaLaunchKernelEx(serve_sparse)");
+}
+
+/// serve_down, joined to serve_gate like serve_sparse: a block per (256 columns, token).
+template <class T> void launch_serve_down(cudaStream_t stream, const ServeArgs<T> &a, bool pdl) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols}) + 1), static_cast<unsigned>(a.m));  // + statistics
+    cfg.blockDim = dim3(32 * kServeDownWarps);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    check(cudaLaunchKernelEx(&cfg, serve_down<T>, a), "cudaLaunchKernelEx(serve_down)");
 }
 
 template <class T>
@@ -177,18 +192,19 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
         run_gate_gemm(stream, st, p, xg, s);
         a.masks_from_gate = true;
     }
-    // serve_gate: 16-byte loads in flight per lane (U chunks of 4 weight rows and NT x rows) and
-    // warps per block (W) by token tiles; the split-K partials of W warps fit 32 KB of shared
-    // memory. Two blocks per SM must fit (registers), so that the H / 32 blocks run in one wave:
-    // U = 8 at one token tile held one block per SM and took 13.0 us at the paper's shape (two waves)
+    // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows
     else if (p.m <= 8) {
-        launch_serve_gate<T, 1, 4, 8>(stream, a);
+        launch_serve_gate<T, 1, 6>(stream, a);
     } else if (p.m <= 16) {
-        launch_serve_gate<T, 2, 4, 8>(stream, a);
+        launch_serve_gate<T, 2, 4>(stream, a);
     } else {
-        launch_serve_gate<T, 4, 2, 8>(stream, a);
+        launch_serve_gate<T, 4, 2>(stream, a);
     }
-    static_assert(heuristics::kServeGateMaxTokens <= 32, "serve_gate instantiates up to 4 token tiles");
+    static_assert(heuristics::kServeGateMaxTokens <= 32, "serve_gate takes up to 4 x rows of 8 tokens");
+    if (!a.masks_from_gate) {
+        launch_serve_down(stream, a, st.pdl);
+        return;
+    }
     if (p.dp <= 4096)
         launch_serve_sparse<T, 1>(stream, a, st.pdl);
     else

@@ -21,8 +21,6 @@
 
 namespace twblas::cuda {
 
-constexpr int kServeGateUnits = 32;  // units per gate block: two 16-row MMA tiles, one mask word
-
 template <class T> struct ServeArgs {
     const T *x;
     int64_t x_rs;  // row-major, 16-byte aligned rows (the path requires it)
@@ -72,102 +70,144 @@ __device__ inline uint32_t word_of(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// ---- serve_gate: Z = Wg X^T for 32 units x 8 NT tokens per block. The K order of a dot product
-// does not change its value, so each lane loads 8 consecutive k (16 bytes) of its weight rows and
-// of its token's x and feeds them to the MMA in the fragment slots of k = 2q, 2q + 1, 2q + 8,
-// 2q + 9: weights and x go straight from memory into registers, no shared-memory staging. U
-// chunks of 32 k are loaded before any is used (loads in flight for the memory system).
-// W warps split K (a fixed choice per NT: it sets the order of the sum).
-template <class T, int NT, int U, int W> __global__ void __launch_bounds__(32 * W) serve_gate(ServeArgs<T> a) {
-    __shared__ float red[W][2][NT][4][32];
-    __shared__ float z[kServeGateUnits][8 * NT + 1];
+/// x_t . w over a row of dp values (zero padded past d), by a warp: four 16-byte chunks of each per
+/// lane in flight at a time; the lanes' sums added by a butterfly (a fixed order).
+template <class T> __device__ inline float serve_row_dot(const T *w, const T *xrow, int64_t d, int64_t dp, int lane) {
+    constexpr int E = Chunk<T>::n, U = 4;
+    float part = 0.0f;
+    for (int64_t k00 = static_cast<int64_t>(lane) * E; k00 < dp; k00 += 32 * E * U) {
+        uint4 wv[U], xv[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t k0 = k00 + static_cast<int64_t>(u) * 32 * E;
+            const bool ok = k0 < dp;  // dp is a multiple of 8: whole chunks
+            wv[u] = ok ? __ldg(reinterpret_cast<const uint4 *>(w + k0)) : make_uint4(0, 0, 0, 0);
+            xv[u] = ok ? serve_x_chunk(xrow, k0, d) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int e = 0; e < E; ++e) part = fmaf(Chunk<T>::get(xv[u], e), Chunk<T>::get(wv[u], e), part);
+    }
+    return warp_sum(part);
+}
+
+// ---- serve_gate: Z = X Wg^T for up to 16 MT tokens and one tile of 8 units per block, so that
+// the H / 8 blocks share the SMs evenly (with 32-unit blocks, 176 at the paper's shape, a third of
+// the SMs streamed two blocks and the rest one: 1.7 TB/s). Tokens are the MMA's rows, the tile's
+// units its 8 columns. The K order of a dot product does not change its value, so each lane loads
+// 8 consecutive k (16 bytes) of its unit's weight row and of its tokens' x and feeds them to the
+// MMA in the fragment slots of k = 2q, 2q + 1, 2q + 8, 2q + 9: weights and x go straight from
+// memory into registers. U chunks of 32 k are loaded before any is used, W warps split K (a fixed
+// choice: it sets the order of the sum). The epilogue writes g of the active units (0 elsewhere),
+// the tile's byte of each token's active-unit word, and then h = g (x_t . Wu_j) over g for the
+// active pairs, each Wu row read once for the tokens that use it.
+constexpr int kServeGateUnits = 8, kServeGateWarps = 4;
+
+template <class T, int R, int U>
+__global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<T> a) {
+    // R x rows per lane (tokens g + 8 r: up to 8 R tokens), MT = 16-token MMA tiles; at least six
+    // blocks per SM (<= 85 registers) so that the H / 8 blocks run in one wave
+    constexpr int W = kServeGateWarps, MT = (R + 1) / 2, NTOK = 16 * MT;
+    __shared__ float red[W][MT][4][32];
+    __shared__ float z[kServeGateUnits][NTOK + 1];
+    __shared__ uint32_t unit_tokens[kServeGateUnits];  // bit t: token t uses the unit (M <= 32 here)
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
-    if (blockIdx.x == 0)  // serve_sparse's tickets (it waits for this grid before reading them)
+    if (blockIdx.x == 0)  // serve_down's tickets (it waits for this grid before reading them)
         for (int i = threadIdx.x; i <= a.m; i += blockDim.x) a.tickets[i] = 0;
+    if (threadIdx.x < kServeGateUnits) unit_tokens[threadIdx.x] = 0;
 
-    const T *wrow[4];  // rows g, g + 8, g + 16, g + 24 of the block's units
-    bool wok[4];
+    const bool wok = unit0 + g < a.h;
+    const T *wrow = a.wgate + (wok ? unit0 + g : 0) * a.dp;
+    const T *xrow[R];
+    bool xok[R];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const int64_t unit = unit0 + g + 8 * r;
-        wok[r] = unit < a.h;
-        wrow[r] = a.wgate + (wok[r] ? unit : 0) * a.dp;
+    for (int r = 0; r < R; ++r) {
+        const int token = g + 8 * r;
+        xok[r] = token < a.m;
+        xrow[r] = a.x + (xok[r] ? token : 0) * a.x_rs;
     }
-    const T *xrow[NT];
-    bool xok[NT];
+    float acc[MT][4];
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        const int token = 8 * n + g;
-        xok[n] = token < a.m;
-        xrow[n] = a.x + (xok[n] ? token : 0) * a.x_rs;
-    }
-    float acc[2][NT][4];
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[mt][n][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) acc[mt][i] = 0.0f;
 
     const int64_t chunks = (a.dp + 31) / 32;
     using Mma = typename MmaOf<T>::Op;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
     for (int64_t c0 = warp; c0 < chunks; c0 += W * U) {
-        uint4 av[U][4], bv[U][NT];
+        uint4 bv[U], av[U][R];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t k0 = (c0 + u * W) * 32 + q * 8;
             const bool kok = k0 < a.dp;  // dp is a multiple of 8: whole 16-byte chunks
+            bv[u] = kok && wok ? __ldcs(reinterpret_cast<const uint4 *>(wrow + k0)) : zero;
 #pragma unroll
-            for (int r = 0; r < 4; ++r)
-                av[u][r] = kok && wok[r] ? __ldcs(reinterpret_cast<const uint4 *>(wrow[r] + k0)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-            for (int n = 0; n < NT; ++n) bv[u][n] = kok && xok[n] ? serve_x_chunk(xrow[n], k0, a.d) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < R; ++r) av[u][r] = kok && xok[r] ? serve_x_chunk(xrow[r], k0, a.d) : zero;
         }
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int s = 0; s < 2; ++s)  // words 2s, 2s + 1 of each chunk: one k16 step
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                    for (int n = 0; n < NT; ++n)
-                        Mma::fma(acc[mt][n][0], acc[mt][n][1], acc[mt][n][2], acc[mt][n][3],
-                                 word_of(av[u][2 * mt], 2 * s), word_of(av[u][2 * mt + 1], 2 * s),
-                                 word_of(av[u][2 * mt], 2 * s + 1), word_of(av[u][2 * mt + 1], 2 * s + 1),
-                                 word_of(bv[u][n], 2 * s), word_of(bv[u][n], 2 * s + 1), acc[mt][n][0], acc[mt][n][1],
-                                 acc[mt][n][2], acc[mt][n][3]);
+                for (int mt = 0; mt < MT; ++mt) {
+                    const uint4 &lo = av[u][2 * mt];                              // tokens 16 mt + g
+                    const uint4 &hi = 2 * mt + 1 < R ? av[u][2 * mt + 1] : zero;  // tokens 16 mt + g + 8
+                    Mma::fma(acc[mt][0], acc[mt][1], acc[mt][2], acc[mt][3], word_of(lo, 2 * s), word_of(hi, 2 * s),
+                             word_of(lo, 2 * s + 1), word_of(hi, 2 * s + 1), word_of(bv[u], 2 * s),
+                             word_of(bv[u], 2 * s + 1), acc[mt][0], acc[mt][1], acc[mt][2], acc[mt][3]);
+                }
     }
     // the warps' K parts summed in warp order
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) red[warp][mt][n][i][lane] = acc[mt][n][i];
+        for (int i = 0; i < 4; ++i) red[warp][mt][i][lane] = acc[mt][i];
     __syncthreads();
-    for (int e = threadIdx.x; e < 2 * NT * 4 * 32; e += blockDim.x) {
-        const int l = e & 31, i = (e >> 5) & 3, n = (e >> 7) % NT, mt = (e >> 7) / NT;
+    for (int e = threadIdx.x; e < MT * 4 * 32; e += blockDim.x) {
+        const int l = e & 31, i = (e >> 5) & 3, mt = e >> 7;
         float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < W; ++w) v += red[w][mt][n][i][l];
-        // accumulator i of lane l: unit 16 mt + l / 4 (+ 8 for i >= 2), token 8 n + 2 (l % 4) + i % 2
-        z[16 * mt + (l >> 2) + (i >> 1) * 8][8 * n + 2 * (l & 3) + (i & 1)] = v;
+        for (int w = 0; w < W; ++w) v += red[w][mt][i][l];
+        // accumulator i of lane l: token 16 mt + l / 4 (+ 8 for i >= 2), unit 2 (l % 4) + i % 2
+        z[2 * (l & 3) + (i & 1)][16 * mt + (l >> 2) + (i >> 1) * 8] = v;
     }
     __syncthreads();
-    // epilogue: a warp per token, a lane per unit
+    // epilogue: a warp per token, a lane per unit (lanes 0 to 7)
     const int64_t unit = unit0 + lane;
+    const bool mine = lane < kServeGateUnits && unit < a.h;
     unsigned fired = 0;
     for (int t = warp; t < a.m; t += W) {
-        const float gv = round_to<T>(z[lane][t]);
-        const bool on = unit < a.h && relu_active(gv);
+        const float gv = mine ? round_to<T>(z[lane][t]) : 0.0f;
+        const bool on = mine && relu_active(gv);
         const unsigned mask = __ballot_sync(kFullMask, on);
-        if (unit < a.h) a.gate[t * a.ldg + unit] = Value<T>::from_float(on ? gv : 0.0f);
-        if (lane == 0) a.masks[t * a.words + blockIdx.x] = mask;
+        if (mine) a.gate[t * a.ldg + unit] = Value<T>::from_float(on ? gv : 0.0f);
+        // the tile's byte of word blockIdx.x / 4 (words are little-endian: byte i holds units 8 i to 8 i + 7)
+        if (lane == 0) reinterpret_cast<uint8_t *>(a.masks + t * a.words)[blockIdx.x] = static_cast<uint8_t>(mask);
+        if (on) atomicOr(&unit_tokens[lane], 1u << t);
         fired += on;
     }
     if (a.neuron_counts && fired) atomicAdd(a.neuron_counts + unit, static_cast<unsigned long long>(fired));
-    // everything serve_sparse reads is written: let it start
+    if (a.gated) {
+        __syncthreads();
+        const uint32_t tokens_of_lane = lane < kServeGateUnits ? unit_tokens[lane] : 0u;
+        int rank = 0;
+        for (unsigned units = __ballot_sync(kFullMask, tokens_of_lane != 0); units; units &= units - 1, ++rank) {
+            if (rank % W != warp) continue;
+            const int b = __ffs(units) - 1;
+            const int64_t j = unit0 + b;
+            const T *wu = a.pair + j * a.pair_stride;
+            for (uint32_t toks = unit_tokens[b]; toks; toks &= toks - 1) {
+                const int t = __ffs(toks) - 1;
+                const float dot = serve_row_dot(wu, a.x + t * a.x_rs, a.d, a.dp, lane);
+                const float h = round_to<T>(round_to<T>(z[b][t]) * round_to<T>(dot));
+                if (lane == 0) a.gate[t * a.ldg + j] = Value<T>::from_float(h);
+            }
+        }
+    }
+    // everything serve_down reads is written: let it start
 #if __CUDA_ARCH__ >= 900
     cudaTriggerProgrammaticLaunchCompletion();
 #endif
@@ -442,6 +482,108 @@ template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(Se
     if (!last) return;
     __threadfence();
     reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+}
+
+// ---- serve_down: y_t = sum over the active units j of h_tj Wd_j, by column slices, so that no
+// partial rows and no split sums are needed: a block per (slice of 256 columns, token), its warps
+// dealt ranges of mask words; a unit's Wd slice is one 16-byte chunk per lane. The warps' sums are
+// added in warp order (deterministic). One more block per token counts its row and sums its l1
+// beside them, and the grid's last of those finishes the statistics.
+constexpr int kServeDownCols = 256, kServeDownWarps = 16, kServeDownBatch = 8;
+
+/// The statistics block of token t: its counts, its l1 (a thread per mask word, then the block in
+/// a fixed order) and, in the last token's block, the grid's statistics.
+template <class T> __device__ inline void serve_token_statistics(const ServeArgs<T> &a, int64_t t, int32_t *totals) {
+    __shared__ float scratch[32];
+    __shared__ bool last;
+    uint4 last_record = make_uint4(0, 0, 0, 0);
+    if (threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
+#if __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();
+#endif
+    const uint32_t *mw = a.masks + t * a.words;
+    const T *hrow = a.gate + t * a.ldg;
+    float l1 = 0.0f;
+    for (int64_t w = threadIdx.x; w < a.words; w += blockDim.x)
+        for (uint32_t bits = __ldcg(mw + w); bits; bits &= bits - 1)
+            l1 += fabsf(Value<T>::to_float(__ldcg(hrow + w * 32 + __ffs(bits) - 1)));
+    l1 = block_reduce(l1, [](float x, float y) { return x + y; }, scratch);
+    if (threadIdx.x == 0) a.row_l1[t] = l1;
+    serve_row_counts(a, t, totals);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+}
+
+template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> a) {
+    constexpr int E = Chunk<T>::n, W = kServeDownWarps, B = kServeDownBatch;
+    static_assert(kServeDownCols == 32 * E, "a lane holds one chunk of the slice");
+    __shared__ float red[W][kServeDownCols];
+    __shared__ int32_t totals[W];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const int64_t t = blockIdx.y;
+    if (blockIdx.x == gridDim.x - 1) {
+        serve_token_statistics(a, t, totals);
+        return;
+    }
+    const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kServeDownCols + lane * E;
+#if __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();  // serve_gate's h and masks
+#endif
+    const uint32_t *mw = a.masks + t * a.words;
+    const T *hrow = a.gate + t * a.ldg;
+    const int64_t down = a.gated ? a.dp : 0;
+    const bool col_ok = col0 < a.dp;
+    float acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+    const int64_t w0 = a.words * warp / W, w1 = a.words * (warp + 1) / W;
+    for (int64_t base = w0; base < w1; base += 32) {
+        uint32_t mine = base + lane < w1 ? __ldcg(mw + base + lane) : 0u;
+        for (unsigned pending = __ballot_sync(kFullMask, mine != 0); pending;) {
+            // up to B units in ascending order, then all their loads at once
+            int64_t j[B];
+            int n = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                j[i] = -1;
+                if (pending == 0) continue;
+                const int src = __ffs(pending) - 1;
+                const uint32_t word = __shfl_sync(kFullMask, mine, src);
+                j[i] = (base + src) * 32 + __ffs(word) - 1;
+                if (lane == src) mine &= mine - 1;
+                pending = __ballot_sync(kFullMask, mine != 0);
+                n = i + 1;
+            }
+            float h[B];
+            uint4 wd[B];
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                const bool ok = i < n;
+                h[i] = ok ? Value<T>::to_float(__ldcg(hrow + j[i])) : 0.0f;
+                wd[i] = ok && col_ok ? __ldg(reinterpret_cast<const uint4 *>(a.pair + j[i] * a.pair_stride + down + col0))
+                                     : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int i = 0; i < B; ++i)
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[e] = fmaf(h[i], Chunk<T>::get(wd[i], e), acc[e]);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) red[warp][lane * E + e] = acc[e];
+    __syncthreads();
+    for (int c = threadIdx.x; c < kServeDownCols; c += blockDim.x) {
+        const int64_t col = static_cast<int64_t>(blockIdx.x) * kServeDownCols + c;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) v += red[w][c];
+        if (col < a.d) a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(v);
+    }
 }
 
 }  // namespace twblas::cuda
