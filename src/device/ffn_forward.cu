@@ -156,7 +156,7 @@ template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const Se
 /// serve_down, joined to serve_gate like serve_sparse: a block per (256 columns, token).
 template <class T> void launch_serve_down(cudaStream_t stream, const ServeArgs<T> &a, bool pdl) {
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols}) + 1), static_cast<unsigned>(a.m));  // + statistics
+    cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols})), static_cast<unsigned>(a.m));
     cfg.blockDim = dim3(32 * kServeDownWarps);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];

@@ -137,18 +137,22 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     const int64_t chunks = (a.dp + 31) / 32;
     using Mma = typename MmaOf<T>::Op;
     const uint4 zero = make_uint4(0, 0, 0, 0);
+    // a rolling pipeline: slot u holds chunk c0 + u W; as soon as it is used, the chunk U W
+    // further is loaded into it, so that U chunks stay in flight (loading U, then using U left
+    // the memory idle while the warp waited: 1.7 TB/s, long-scoreboard stalls 61 %)
+    uint4 bv[U], av[U][R];
+    auto load = [&](int u, int64_t c) {
+        const int64_t k0 = c * 32 + q * 8;
+        const bool kok = k0 < a.dp;  // dp is a multiple of 8: whole 16-byte chunks
+        bv[u] = kok && wok ? __ldcs(reinterpret_cast<const uint4 *>(wrow + k0)) : zero;
+#pragma unroll
+        for (int r = 0; r < R; ++r) av[u][r] = kok && xok[r] ? serve_x_chunk(xrow[r], k0, a.d) : zero;
+    };
+#pragma unroll
+    for (int u = 0; u < U; ++u) load(u, warp + u * W);
     for (int64_t c0 = warp; c0 < chunks; c0 += W * U) {
-        uint4 bv[U], av[U][R];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int64_t k0 = (c0 + u * W) * 32 + q * 8;
-            const bool kok = k0 < a.dp;  // dp is a multiple of 8: whole 16-byte chunks
-            bv[u] = kok && wok ? __ldcs(reinterpret_cast<const uint4 *>(wrow + k0)) : zero;
-#pragma unroll
-            for (int r = 0; r < R; ++r) av[u][r] = kok && xok[r] ? serve_x_chunk(xrow[r], k0, a.d) : zero;
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int s = 0; s < 2; ++s)  // words 2s, 2s + 1 of each chunk: one k16 step
 #pragma unroll
@@ -159,6 +163,8 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
                              word_of(lo, 2 * s + 1), word_of(hi, 2 * s + 1), word_of(bv[u], 2 * s),
                              word_of(bv[u], 2 * s + 1), acc[mt][0], acc[mt][1], acc[mt][2], acc[mt][3]);
                 }
+            load(u, c0 + (u + U) * W);
+        }
     }
     // the warps' K parts summed in warp order
 #pragma unroll
@@ -199,6 +205,8 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
             const int b = __ffs(units) - 1;
             const int64_t j = unit0 + b;
             const T *wu = a.pair + j * a.pair_stride;
+            // serve_down reads Wd_j next, from other SMs: start bringing it to L2 now
+            for (int64_t k = lane * 64; k < a.dp; k += 32 * 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wu + a.dp + k));
             for (uint32_t toks = unit_tokens[b]; toks; toks &= toks - 1) {
                 const int t = __ffs(toks) - 1;
                 const float dot = serve_row_dot(wu, a.x + t * a.x_rs, a.d, a.dp, lane);
@@ -487,52 +495,27 @@ template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(Se
 // ---- serve_down: y_t = sum over the active units j of h_tj Wd_j, by column slices, so that no
 // partial rows and no split sums are needed: a block per (slice of 256 columns, token), its warps
 // dealt ranges of mask words; a unit's Wd slice is one 16-byte chunk per lane. The warps' sums are
-// added in warp order (deterministic). One more block per token counts its row and sums its l1
-// beside them, and the grid's last of those finishes the statistics.
+// added in warp order (deterministic). The blocks of slice 0 also count the token's row from the
+// words and h they read anyway (no pass of their own), and the grid's last of them finishes the
+// statistics.
 constexpr int kServeDownCols = 256, kServeDownWarps = 16, kServeDownBatch = 8;
-
-/// The statistics block of token t: its counts, its l1 (a thread per mask word, then the block in
-/// a fixed order) and, in the last token's block, the grid's statistics.
-template <class T> __device__ inline void serve_token_statistics(const ServeArgs<T> &a, int64_t t, int32_t *totals) {
-    __shared__ float scratch[32];
-    __shared__ bool last;
-    uint4 last_record = make_uint4(0, 0, 0, 0);
-    if (threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
-#if __CUDA_ARCH__ >= 900
-    cudaGridDependencySynchronize();
-#endif
-    const uint32_t *mw = a.masks + t * a.words;
-    const T *hrow = a.gate + t * a.ldg;
-    float l1 = 0.0f;
-    for (int64_t w = threadIdx.x; w < a.words; w += blockDim.x)
-        for (uint32_t bits = __ldcg(mw + w); bits; bits &= bits - 1)
-            l1 += fabsf(Value<T>::to_float(__ldcg(hrow + w * 32 + __ffs(bits) - 1)));
-    l1 = block_reduce(l1, [](float x, float y) { return x + y; }, scratch);
-    if (threadIdx.x == 0) a.row_l1[t] = l1;
-    serve_row_counts(a, t, totals);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
-}
+constexpr int64_t kServeMaxWords = 2048;  // H <= 65536 (kMaxSparseCols, checked when the FFN is made)
 
 template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> a) {
     constexpr int E = Chunk<T>::n, W = kServeDownWarps, B = kServeDownBatch;
     static_assert(kServeDownCols == 32 * E, "a lane holds one chunk of the slice");
     __shared__ float red[W][kServeDownCols];
-    __shared__ int32_t totals[W];
+    __shared__ float warp_l1[W];
+    __shared__ uint8_t word_nnz[kServeMaxWords];  // slice 0: active units per mask word
+    __shared__ int nnz_scratch[32];
+    __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    const int64_t t = blockIdx.y;
-    if (blockIdx.x == gridDim.x - 1) {
-        serve_token_statistics(a, t, totals);
-        return;
-    }
-    const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kServeDownCols + lane * E;
+    const int64_t t = blockIdx.y, col0 = static_cast<int64_t>(blockIdx.x) * kServeDownCols + lane * E;
+    const bool counts_row = blockIdx.x == 0;
+    uint4 last_record = make_uint4(0, 0, 0, 0);
+    if (counts_row && threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
 #if __CUDA_ARCH__ >= 900
-    cudaGridDependencySynchronize();  // serve_gate's h and masks
+    cudaGridDependencySynchronize();  // serve_gate's h, masks and zeroed tickets
 #endif
     const uint32_t *mw = a.masks + t * a.words;
     const T *hrow = a.gate + t * a.ldg;
@@ -541,13 +524,15 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
     float acc[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+    float l1 = 0.0f;
     const int64_t w0 = a.words * warp / W, w1 = a.words * (warp + 1) / W;
     for (int64_t base = w0; base < w1; base += 32) {
         uint32_t mine = base + lane < w1 ? __ldcg(mw + base + lane) : 0u;
+        if (counts_row && base + lane < w1) word_nnz[base + lane] = static_cast<uint8_t>(__popc(mine));
         for (unsigned pending = __ballot_sync(kFullMask, mine != 0); pending;) {
             // up to B units in ascending order, then all their loads at once
             int64_t j[B];
-            int n = 0;
+            int count = 0;
 #pragma unroll
             for (int i = 0; i < B; ++i) {
                 j[i] = -1;
@@ -557,25 +542,28 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
                 j[i] = (base + src) * 32 + __ffs(word) - 1;
                 if (lane == src) mine &= mine - 1;
                 pending = __ballot_sync(kFullMask, mine != 0);
-                n = i + 1;
+                count = i + 1;
             }
             float h[B];
             uint4 wd[B];
 #pragma unroll
             for (int i = 0; i < B; ++i) {
-                const bool ok = i < n;
+                const bool ok = i < count;
                 h[i] = ok ? Value<T>::to_float(__ldcg(hrow + j[i])) : 0.0f;
                 wd[i] = ok && col_ok ? __ldg(reinterpret_cast<const uint4 *>(a.pair + j[i] * a.pair_stride + down + col0))
                                      : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
-            for (int i = 0; i < B; ++i)
+            for (int i = 0; i < B; ++i) {
+                l1 += fabsf(h[i]);
 #pragma unroll
                 for (int e = 0; e < E; ++e) acc[e] = fmaf(h[i], Chunk<T>::get(wd[i], e), acc[e]);
+            }
         }
     }
 #pragma unroll
     for (int e = 0; e < E; ++e) red[warp][lane * E + e] = acc[e];
+    if (lane == 0) warp_l1[warp] = l1;
     __syncthreads();
     for (int c = threadIdx.x; c < kServeDownCols; c += blockDim.x) {
         const int64_t col = static_cast<int64_t>(blockIdx.x) * kServeDownCols + c;
@@ -584,6 +572,36 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
         for (int w = 0; w < W; ++w) v += red[w][c];
         if (col < a.d) a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(v);
     }
+    if (!counts_row) return;
+    // the token's counts (-1: a TwELL tile holds more than `slots` units, -2: a long row; for the
+    // statistics and the path choice only) and l1, then the grid's last token the statistics
+    const int per_tile = a.tile / 32;
+    int nnz = 0, over = 0;
+    for (int64_t tile = threadIdx.x; tile * per_tile < a.words; tile += blockDim.x) {
+        int n = 0;
+        for (int64_t w = tile * per_tile; w < min(a.words, (tile + 1) * per_tile); ++w) n += word_nnz[w];
+        nnz += n;
+        over |= n > a.slots;
+    }
+    nnz = block_reduce(nnz, [](int x, int y) { return x + y; }, nnz_scratch);
+    over = __syncthreads_or(over);
+    if (threadIdx.x == 0) {
+        float row_l1 = 0.0f;
+        for (int w = 0; w < W; ++w) row_l1 += warp_l1[w];
+        a.row_l1[t] = row_l1;
+        a.row_nnz[t] = nnz;
+        a.count[t] = over ? -1 : nnz > a.row_limit ? -2 : nnz;
+        if (a.m > 1) {  // the other tokens' blocks wrote theirs: the ticket (release, then acquire)
+            __threadfence();
+            last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
+            if (last) __threadfence();
+        } else {
+            last = true;
+        }
+    }
+    __syncthreads();
+    if (last && warp == 0)  // serve_down runs up to 32 tokens (kServeGateMaxTokens)
+        reduce_and_publish_statistics_warp(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
 }
 
 }  // namespace twblas::cuda
