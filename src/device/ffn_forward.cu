@@ -136,7 +136,7 @@ template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, con
     check_launch("serve_gate");
 }
 
-/// serve_sparse; with `pdl` its blocks may start while serve_gate finishes (they wait on the device
+/// serve_sparse; with `pdl` its blocks may start while the gate finishes (they wait on the device
 /// for its results), without it after (code for older GPUs has no device-side wait).
 template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const ServeArgs<T> &a, bool pdl) {
     constexpr int E = Chunk<T>::n;
@@ -153,7 +153,7 @@ template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const Se
     check(cudaLaunchKernelEx(&cfg, serve_sparse<T, V>, a), "cudaLaunchKernelEx(serve_sparse)");
 }
 
-/// serve_down, joined to serve_gate like serve_sparse: a block per (256 columns, token).
+/// serve_down, joined to serve_gate by programmatic dependent launch: a block per (256 columns, token).
 template <class T> void launch_serve_down(cudaStream_t stream, const ServeArgs<T> &a, bool pdl) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols})), static_cast<unsigned>(a.m));
@@ -165,6 +165,13 @@ template <class T> void launch_serve_down(cudaStream_t stream, const ServeArgs<T
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     check(cudaLaunchKernelEx(&cfg, serve_down<T>, a), "cudaLaunchKernelEx(serve_down)");
+}
+
+template <class T> void launch_serve_sparse_for(cudaStream_t stream, const ServeArgs<T> &a, const FfnProblem &p, bool pdl) {
+    if (p.dp <= 4096)
+        launch_serve_sparse<T, 1>(stream, a, pdl);
+    else
+        launch_serve_sparse<T, 2>(stream, a, pdl);
 }
 
 template <class T>
@@ -190,25 +197,16 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
         // the masks from the gate
         check(cudaMemsetAsync(a.tickets, 0, static_cast<size_t>(p.m + 1) * sizeof(uint32_t), stream), "cudaMemsetAsync");
         run_gate_gemm(stream, st, p, xg, s);
-        a.masks_from_gate = true;
-    }
-    // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows
-    else if (p.m <= 8) {
-        launch_serve_gate<T, 1, 6>(stream, a);
-    } else if (p.m <= 16) {
-        launch_serve_gate<T, 2, 4>(stream, a);
-    } else {
-        launch_serve_gate<T, 4, 2>(stream, a);
-    }
-    static_assert(heuristics::kServeGateMaxTokens <= 32, "serve_gate takes up to 4 x rows of 8 tokens");
-    if (!a.masks_from_gate) {
-        launch_serve_down(stream, a, st.pdl);
+        launch_serve_sparse_for(stream, a, p, st.pdl);
         return;
     }
-    if (p.dp <= 4096)
-        launch_serve_sparse<T, 1>(stream, a, st.pdl);
+    // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows
+    if (p.m <= 8)
+        launch_serve_gate<T, 1, 6>(stream, a);
     else
-        launch_serve_sparse<T, 2>(stream, a, st.pdl);
+        launch_serve_gate<T, 2, 4>(stream, a);
+    static_assert(heuristics::kServeGateMaxTokens <= 16, "serve_gate takes up to 2 x rows of 8 tokens");
+    launch_serve_down(stream, a, st.pdl);
 }
 
 /// Where dense mode keeps z, u and h (M x ldg each): the inference forward forms h over z in its

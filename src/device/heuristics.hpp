@@ -36,17 +36,16 @@ constexpr int64_t kServeMaxTokens = TWBLAS_SERVE_MAX_TOKENS;
 #else
 constexpr int64_t kServeMaxTokens = 256;
 #endif
-/// Up to this many tokens the serving path's gate is its own tensor-core kernel, which writes the
-/// masks in its epilogue; beyond it cuBLAS's gate GEMM, the gather kernel forming the masks.
-/// Measured on an H100 at the paper's shape, uniform-29, graph replay: the own gate streams Wg
-/// in 12-13 us up to 32 tokens, but at 64 (8 token tiles, X re-read from L2 per 32 units) it took
-/// 25.9 us against cuBLAS's 12.4. Whole forwards, same run, own gate against cuBLAS's: M = 1 / 8 /
-/// 16 / 32 26.3 / 27.2 / 30.1 / 31.1 us against 28.9 / 30.0 / 31.2 / 33.1 (Llama's shape: M = 1
-/// 64.4 against 64.7, M = 32 79.5 against 77.7).
+/// Up to this many tokens the serving path's gate is its own tensor-core kernel (serve_gate, which
+/// also forms h of the active pairs) followed by serve_down; beyond it cuBLAS's gate GEMM and the
+/// gather kernel serve_sparse. Measured on an H100, uniform-29, graph replay, with this at 32
+/// against a build with 8 (same run, bench/results/h100-serving-v3-crossover-*.json): paper's
+/// shape M = 16 / 32 22.4 / 32.5 us against 30.9 / 32.9; Llama's shape 73.6 / 113.8 against
+/// 74.7 / 78.0 (the 8-unit gate tile re-reads X per block, which two 16-token tiles feel at D = 4096).
 #ifdef TWBLAS_SERVE_GATE_MAX_TOKENS
 constexpr int64_t kServeGateMaxTokens = TWBLAS_SERVE_GATE_MAX_TOKENS;
 #else
-constexpr int64_t kServeGateMaxTokens = 32;
+constexpr int64_t kServeGateMaxTokens = 16;
 #endif
 bool serve_applies(const FfnProblem &p);
 /// After a forward that chose dense mode (below), a call of few tokens still gathers (serving or

@@ -1,16 +1,21 @@
 // The serving path (1 to kServeMaxTokens tokens, 16-bit types): two launches joined by
 // programmatic dependent launch, so that the second one's start hides behind the first one's end.
-//   serve_gate    (up to kServeGateMaxTokens tokens) the gate on tensor cores, streaming Wg once: a
-//                 block owns 32 units and its warps split K; its epilogue writes g of the active
-//                 units (0 elsewhere) and, per token, one 32-bit word with the block's active units
-//                 (no pass over the gate later). More tokens take cuBLAS's gate GEMM instead, and
-//                 serve_sparse forms each team's mask words from that gate as it starts;
-//   serve_sparse  a team per (token, split): the split's active units in ascending order, their
-//                 [Wu_j | Wd_j] rows read once, y accumulated in registers; the last team of a
-//                 token sums the splits in split order, and the last token finishes the
-//                 statistics (deterministic everywhere: no floating-point atomics).
-// Every row goes through the gathers, however many units it has, so no row takes a dense path
-// here (rows too dense for gathers to pay are what dense mode, chosen from the statistics, is for).
+// Up to kServeGateMaxTokens tokens:
+//   serve_gate    the gate on tensor cores, streaming Wg once (a block per 8 units, its warps
+//                 splitting K); its epilogue writes g of the active units (0 elsewhere) and one byte
+//                 per token of the active-unit words, then h = g (x_t . Wu_j) over g for the
+//                 active pairs, each Wu row read once;
+//   serve_down    y by slices of 256 columns: a block per (slice, token) walks the token's mask
+//                 words and adds h_tj Wd_j over its active units; its slice-0 blocks also count the
+//                 rows and the last of them finishes the statistics.
+// More tokens: cuBLAS's gate GEMM, then
+//   serve_sparse  a team per (token, split) forms its mask words from the gate, walks the
+//                 split's active units in ascending order, reads their [Wu_j | Wd_j] rows once and
+//                 accumulates y in registers; the last team of a token sums the splits in split
+//                 order, and the last token finishes the statistics.
+// Deterministic everywhere: fixed orders, no floating-point atomics. Every row goes through the
+// gathers, however many units it has, so no row takes a dense path here (rows too dense for
+// gathers to pay are what dense mode, chosen from the statistics, is for).
 #pragma once
 
 #include <cute/arch/mma_sm80.hpp>
@@ -30,7 +35,6 @@ template <class T> struct ServeArgs {
     const T *pair;   // [Wu_j | Wd_j] (gated) or [Wd_j]
     int64_t pair_stride;
     bool gated, write_h;
-    bool masks_from_gate;  // the gate came from cuBLAS: serve_sparse forms the masks (else serve_gate did)
     T *gate;  // M x ldg: g of the active units, 0 elsewhere; h over g when write_h
     int64_t ldg;
     uint32_t *masks;  // M x words: bit b of word w of token t: unit 32 w + b is active
@@ -309,17 +313,13 @@ template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(Se
 #pragma unroll
     for (int c = 0; c < V; ++c) xc[c] = k_of(c) < a.dp ? serve_x_chunk(a.x + t * a.x_rs, k_of(c), a.d) : make_uint4(0, 0, 0, 0);
 #if __CUDA_ARCH__ >= 900
-    cudaGridDependencySynchronize();  // serve_gate's g, masks and zeroed tickets
+    cudaGridDependencySynchronize();  // the gate (and the zeroed tickets)
 #endif
     const int64_t w0 = a.words * split / splits, w1 = a.words * (split + 1) / splits;
     for (int64_t w = w0 + tid; w < w1; w += threads) {
-        if (a.masks_from_gate) {
-            const uint32_t bits = serve_mask_from_gate(a, t, w);
-            split_masks[w - w0] = bits;
-            a.masks[t * a.words + w] = bits;  // for the token's counts (serve_row_counts)
-        } else {
-            split_masks[w - w0] = a.masks[t * a.words + w];
-        }
+        const uint32_t bits = serve_mask_from_gate(a, t, w);
+        split_masks[w - w0] = bits;
+        a.masks[t * a.words + w] = bits;  // for the token's counts (serve_row_counts)
     }
     __syncthreads();
 
@@ -600,7 +600,7 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
         }
     }
     __syncthreads();
-    if (last && warp == 0)  // serve_down runs up to 32 tokens (kServeGateMaxTokens)
+    if (last && warp == 0)  // serve_down runs up to kServeGateMaxTokens <= 32 tokens
         reduce_and_publish_statistics_warp(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
 }
 
