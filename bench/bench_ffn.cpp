@@ -27,14 +27,17 @@
 // Files: common.{hpp,cpp} (problem cache, timing, verification, registration helpers),
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
-//   twblas-bench [--suite=full|profiles|decode|train|eager|serving|crossover|conversions|smoke]
+//   twblas-bench [--suite=full|profiles|decode|train|eager|serving|serving-paper|serving-llama|
+//                         crossover|conversions|smoke]
 //                [Google Benchmark flags]
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
 // crossover: M = 128 to 1024 at the paper's shape, to place the two-pass crossover. Suite
 // serving: M = 1 to 512 (powers of two), both shapes, uniform-29 and llm-29, graph and eager,
 // with the copy bandwidth measured first; twblas points carry need_bw (bytes that must move per
-// second: Wg, the union of the batch's active rows of Wu and Wd, X and Y). Suite conversions
+// second: Wg, the union of the batch's active rows of Wu and Wd, X and Y); serving-paper and
+// serving-llama run one shape each (the whole suite takes longer than one 10-minute device call:
+// the paper's shape alone took about 9.5 minutes on an H100). Suite conversions
 // (bench_conversions.cpp): twblas's dense <-> TwELL / hybrid conversions, validate, info and the
 // hybrid transpose against cuSPARSE's dense <-> CSR on the FFN hidden activation (uniform-29 and
 // llm-29, M = 4096, 16384, 65536), host time per call sequence, with the copy bandwidth first.
@@ -66,11 +69,15 @@ void register_suite(const std::string &suite) {
         for (const Shape s : {paper, llama}) register_eager(s, "uniform-29", eager_ms, 512, true);
         return;
     }
-    if (suite == "serving") {  // issue: serving regime; the copy bandwidth first, then M = 1 to 512
+    // issue: serving regime; the copy bandwidth first, then M = 1 to 512; serving-paper and
+    // serving-llama are its halves (the same names), each within one 10-minute device call
+    if (suite == "serving" || suite == "serving-paper" || suite == "serving-llama") {
         register_copy();
         const std::vector<int64_t> serving_ms{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
-        for (const Shape s : {paper, llama})
+        for (const Shape s : {paper, llama}) {
+            if ((suite == "serving-paper" && s.d != paper.d) || (suite == "serving-llama" && s.d != llama.d)) continue;
             for (const char *prof : {"uniform-29", "llm-29"}) register_eager(s, prof, serving_ms, 512, true);
+        }
         return;
     }
     if (suite == "conversions") {  // issue 15: conversions against cuSPARSE; the copy bandwidth first
