@@ -83,12 +83,13 @@ class Block(torch.nn.Module):
 
 
 class LM(torch.nn.Module):
-    def __init__(self, d, layers, heads, d_ff, seq, sparse):
+    def __init__(self, d, layers, heads, d_ff, seq, sparse, save_dense=True):
         super().__init__()
         self.emb = torch.nn.Embedding(256, d)
         self.pos = torch.nn.Parameter(torch.randn(seq, d) * 0.02)
         self.blocks = torch.nn.ModuleList(
-            Block(d, heads, SparseMLP(d, d_ff, gated=True) if sparse else DenseMLP(d, d_ff)) for _ in range(layers))
+            Block(d, heads, SparseMLP(d, d_ff, gated=True, save_dense=save_dense) if sparse else DenseMLP(d, d_ff))
+            for _ in range(layers))
         self.norm = torch.nn.RMSNorm(d)
         self.head = torch.nn.Linear(d, 256, bias=False)
 
@@ -167,6 +168,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--text", default="", help="a dumped kjv.txt (written there when missing and `bible` exists)")
     ap.add_argument("--out", default="runs/train-sparse-lm")
+    ap.add_argument("--no-save-dense", dest="save_dense", action="store_false",
+                    help="do not keep g and u for the backward while the FFNs run in dense mode (the early "
+                         "steps, before sparsity emerges): less memory, slower steps (TW_FFN_ATTR_SAVE_DENSE)")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -189,7 +193,8 @@ def main():
     models, opts = {}, {}
     for name in ("sparse", "dense"):
         torch.manual_seed(args.seed)  # the same initial weights for both
-        m = LM(args.d_model, args.layers, args.heads, d_ff, args.seq, sparse=(name == "sparse")).to(device, dtype)
+        m = LM(args.d_model, args.layers, args.heads, d_ff, args.seq, sparse=(name == "sparse"),
+               save_dense=args.save_dense).to(device, dtype)
         opts[name] = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.0)
         if world > 1:
             m = torch.nn.parallel.DistributedDataParallel(m, device_ids=[device.index] if device.type == "cuda" else None)
