@@ -136,42 +136,32 @@ template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, con
     check_launch("serve_gate");
 }
 
-/// serve_sparse; with `pdl` its blocks may start while the gate finishes (they wait on the device
-/// for its results), without it after (code for older GPUs has no device-side wait).
+/// `kernel` on `stream` after the kernel before it; with `pdl` (programmatic dependent launch) its
+/// blocks may start while that one finishes and wait on the device for its results, without it
+/// after it (code for older GPUs has no device-side wait).
+template <class Arg>
+void launch_dependent(void (*kernel)(Arg), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                      const char *what, const Arg &arg) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    check(cudaLaunchKernelEx(&cfg, kernel, arg), what);
+}
+
+/// serve_sparse: a team per (token, split), V 16-byte chunks of a row per thread.
 template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const ServeArgs<T> &a, bool pdl) {
     constexpr int E = Chunk<T>::n;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(a.m), static_cast<unsigned>(a.splits));
-    cfg.blockDim = dim3(static_cast<unsigned>(32 * ceil_div(a.dp, int64_t{32} * V * E)));  // <= 512 (dp <= 8192)
-    cfg.dynamicSmemBytes = static_cast<size_t>(a.words / a.splits + 1) * sizeof(uint32_t);  // <= 8 KB (H <= 65536)
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    check(cudaLaunchKernelEx(&cfg, serve_sparse<T, V>, a), "cudaLaunchKernelEx(serve_sparse)");
-}
-
-/// serve_down, joined to serve_gate by programmatic dependent launch: a block per (256 columns, token).
-template <class T> void launch_serve_down(cudaStream_t stream, const ServeArgs<T> &a, bool pdl) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols})), static_cast<unsigned>(a.m));
-    cfg.blockDim = dim3(32 * kServeDownWarps);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    check(cudaLaunchKernelEx(&cfg, serve_down<T>, a), "cudaLaunchKernelEx(serve_down)");
-}
-
-template <class T> void launch_serve_sparse_for(cudaStream_t stream, const ServeArgs<T> &a, const FfnProblem &p, bool pdl) {
-    if (p.dp <= 4096)
-        launch_serve_sparse<T, 1>(stream, a, pdl);
-    else
-        launch_serve_sparse<T, 2>(stream, a, pdl);
+    launch_dependent(serve_sparse<T, V>, dim3(static_cast<unsigned>(a.m), static_cast<unsigned>(a.splits)),
+                     dim3(static_cast<unsigned>(32 * ceil_div(a.dp, int64_t{32} * V * E))),  // <= 512 (dp <= 8192)
+                     static_cast<size_t>(a.words / a.splits + 1) * sizeof(uint32_t),      // <= 8 KB (H <= 65536)
+                     stream, pdl, "cudaLaunchKernelEx(serve_sparse)", a);
 }
 
 template <class T>
@@ -197,7 +187,10 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
         // the masks from the gate
         check(cudaMemsetAsync(a.tickets, 0, static_cast<size_t>(p.m + 1) * sizeof(uint32_t), stream), "cudaMemsetAsync");
         run_gate_gemm(stream, st, p, xg, s);
-        launch_serve_sparse_for(stream, a, p, st.pdl);
+        if (p.dp <= 4096)
+            launch_serve_sparse<T, 1>(stream, a, st.pdl);
+        else
+            launch_serve_sparse<T, 2>(stream, a, st.pdl);
         return;
     }
     // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows
@@ -206,7 +199,10 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     else
         launch_serve_gate<T, 2, 4>(stream, a);
     static_assert(heuristics::kServeGateMaxTokens <= 16, "serve_gate takes up to 2 x rows of 8 tokens");
-    launch_serve_down(stream, a, st.pdl);
+    // serve_down: a block per (256 columns, token)
+    launch_dependent(serve_down<T>,
+                     dim3(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols})), static_cast<unsigned>(a.m)),
+                     dim3(32 * kServeDownWarps), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_down)", a);
 }
 
 /// Where dense mode keeps z, u and h (M x ldg each): the inference forward forms h over z in its

@@ -261,9 +261,15 @@ template <class T> __device__ inline uint32_t serve_mask_from_gate(const ServeAr
     return bits;
 }
 
-/// A token's statistics from its mask words, by the block: active units, -1 when a TwELL tile
-/// holds more than `slots` of them, -2 when the row is long (both only for the statistics and
-/// the path choice: the row was computed exactly either way).
+/// A row's entry in the count array: its active units, -1 when a TwELL tile holds more than
+/// `slots` of them, -2 when it is longer than the dense-path limit (both for the statistics and
+/// the path choice only: the row was computed exactly either way).
+__device__ inline int32_t serve_row_code(int32_t nnz, bool tile_over, int32_t row_limit) {
+    return tile_over ? -1 : nnz > row_limit ? -2 : nnz;
+}
+
+/// A token's statistics from its mask words, by the block: its active units and count entry
+/// (serve_row_code).
 template <class T> __device__ inline void serve_row_counts(const ServeArgs<T> &a, int64_t t, int32_t *shared_totals) {
     // a thread per mask word (a round of independent loads), tiles summed across lanes: a tile
     // of 64, 128 or 256 units is 2, 4 or 8 consecutive words, so lanes of one tile are in one warp
@@ -285,7 +291,7 @@ template <class T> __device__ inline void serve_row_counts(const ServeArgs<T> &a
         int sum = 0, any_over = 0;
         for (unsigned w = 0; w < blockDim.x / 32; ++w) sum += shared_totals[w] & ~(1 << 30), any_over |= shared_totals[w] >> 30;
         a.row_nnz[t] = sum;
-        a.count[t] = any_over ? -1 : sum > a.row_limit ? -2 : sum;
+        a.count[t] = serve_row_code(sum, any_over, a.row_limit);
     }
 }
 
@@ -573,8 +579,7 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
         if (col < a.d) a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(v);
     }
     if (!counts_row) return;
-    // the token's counts (-1: a TwELL tile holds more than `slots` units, -2: a long row; for the
-    // statistics and the path choice only) and l1, then the grid's last token the statistics
+    // the token's counts (serve_row_code) and l1, then the grid's last token the statistics
     const int per_tile = a.tile / 32;
     int nnz = 0, over = 0;
     for (int64_t tile = threadIdx.x; tile * per_tile < a.words; tile += blockDim.x) {
@@ -590,7 +595,7 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
         for (int w = 0; w < W; ++w) row_l1 += warp_l1[w];
         a.row_l1[t] = row_l1;
         a.row_nnz[t] = nnz;
-        a.count[t] = over ? -1 : nnz > a.row_limit ? -2 : nnz;
+        a.count[t] = serve_row_code(nnz, over, a.row_limit);
         if (a.m > 1) {  // the other tokens' blocks wrote theirs: the ticket (release, then acquire)
             __threadfence();
             last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
