@@ -55,11 +55,6 @@ bool serve_applies(const FfnProblem &p);
 /// us against 35 to 37 for the dense FFN, on an H100 at the paper's shape.)
 bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidden_dim);
 
-/// Teams per token of the serving path's gather kernel: about 256 teams in all (two per SM), so
-/// that a team holds a few batches of units (the fused kernel's splits bound it: the partial rows
-/// live in the same scratch). Depends on M alone, so results stay reproducible.
-int serve_splits(int64_t tokens);
-
 /// From this many tokens (past the serving path) the gate is the masked gate GEMM on sm_90: its
 /// epilogue writes the active-unit words, so the packing pass reads H / 8 bytes a token instead of
 /// the gate row. Measured on an H100 at the paper's shape, uniform-29, graph replay, against the

@@ -68,22 +68,32 @@ __device__ inline void reduce_and_publish_statistics(int64_t m, int64_t h, const
     if (threadIdx.x == 0) publish_statistics(FfnDeviceStats{m, tn, tm, to, td, tl}, h, block, publish, last_record);
 }
 
-/// The same for at most 32 rows, by one warp (lane r reads row r): a few instructions instead of
-/// five block reductions. For the serving path, whose last block runs it at the end of every
-/// decode step: on an H100 the block version there took the step from 17.5 to 21.1 us (why so
-/// much was not profiled; code run once per call from a cold instruction cache is a guess).
+/// The same by one warp (lane r reads row r, and r + 32, ... with kPast32Rows): a few instructions instead of five
+/// block reductions. For the serving path, whose last block runs it at the end of every decode
+/// step: on an H100 the block version there took the step from 17.5 to 21.1 us (why so much was
+/// not profiled; code run once per call from a cold instruction cache is a guess). The 32-bit
+/// sums hold for the serving path's rows (up to kServeMaxTokens, of at most 65536 units each).
+template <bool kPast32Rows = false>
 __device__ inline void reduce_and_publish_statistics_warp(int m, int64_t h, const int32_t *row_nnz, const int32_t *count,
                                                           const float *row_l1, FfnStatsBlock *block, FfnFeedback *publish,
                                                           uint4 last_record) {
     const int lane = threadIdx.x & 31;
     const bool mine = lane < m;
-    const int32_t n = mine ? __ldcg(row_nnz + lane) : 0, c = mine ? __ldcg(count + lane) : 0;
+    int32_t mx = mine ? __ldcg(row_nnz + lane) : 0;
+    const int32_t c = mine ? __ldcg(count + lane) : 0;
+    unsigned n = static_cast<unsigned>(mx), over = c == -1, dense = c < 0;
     double l1 = mine ? __ldcg(row_l1 + lane) : 0.0;
+    if constexpr (kPast32Rows)  // compiled only where needed: serve_down's registers are tight
+        for (int r = lane + 32; r < m; r += 32) {
+            const int32_t nr = __ldcg(row_nnz + r), cr = __ldcg(count + r);
+            n += static_cast<unsigned>(nr), mx = max(mx, nr), over += cr == -1, dense += cr < 0;
+            l1 += __ldcg(row_l1 + r);
+        }
     for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, o);
-    const long long tn = __reduce_add_sync(kFullMask, static_cast<unsigned>(n));
-    const long long tm = __reduce_max_sync(kFullMask, n);
-    const long long to = __reduce_add_sync(kFullMask, static_cast<unsigned>(c == -1));
-    const long long td = __reduce_add_sync(kFullMask, static_cast<unsigned>(c < 0));
+    const long long tn = __reduce_add_sync(kFullMask, n);
+    const long long tm = __reduce_max_sync(kFullMask, mx);
+    const long long to = __reduce_add_sync(kFullMask, over);
+    const long long td = __reduce_add_sync(kFullMask, dense);
     if (lane == 0) publish_statistics(FfnDeviceStats{m, tn, tm, to, td, l1}, h, block, publish, last_record);
 }
 
