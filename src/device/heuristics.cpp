@@ -18,6 +18,11 @@ bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidde
     return static_cast<double>(tokens) * mean_active <= static_cast<double>(hidden_dim);
 }
 
+int serve_splits(int64_t tokens) {
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({16, 256 / std::max<int64_t>(1, tokens),
+                                                                    fused_splits(tokens)})));
+}
+
 bool two_pass_applies(const FfnProblem &p) { return p.m >= kTwoPassMinTokens; }
 
 int fused_splits(int64_t tokens) {

@@ -47,7 +47,24 @@ constexpr int64_t kServeGateMaxTokens = TWBLAS_SERVE_GATE_MAX_TOKENS;
 #else
 constexpr int64_t kServeGateMaxTokens = 16;
 #endif
+/// Past kServeGateMaxTokens and up to this many tokens: cuBLAS's gate, serve_up (masks and h of the
+/// active pairs per 8-unit tile, each Wu row read once) and serve_down_list; beyond it cuBLAS's
+/// gate and serve_sparse (a team per token and split reads its units' [Wu_j | Wd_j] rows). Measured
+/// on an H100, paper's shape, uniform-29, graph replay, against serve_sparse in the same call
+/// (bench/results/h100-serving-v4-*.json): M = 32 / 64 / 128 / 256 28.6 / 33.7 / 42.8 / 63.9 us
+/// against 32.9 / 37.0 / 45.4 / 56.7 (serve_up took 31 us at M = 256, ~10 pairs a block; not
+/// understood yet, bench/NOTES.md).
+#ifdef TWBLAS_SERVE_UP_MAX_TOKENS
+constexpr int64_t kServeUpMaxTokens = TWBLAS_SERVE_UP_MAX_TOKENS;
+#else
+constexpr int64_t kServeUpMaxTokens = 128;
+#endif
 bool serve_applies(const FfnProblem &p);
+
+/// Teams per token of serve_sparse: about 256 teams in all (two per SM), so that a team holds a
+/// few batches of units (the fused kernel's splits bound it: the partial rows live in the same
+/// scratch). Depends on M alone, so results stay reproducible.
+int serve_splits(int64_t tokens);
 /// After a forward that chose dense mode (below), a call of few tokens still gathers (serving or
 /// decode path) while the unit rows it gathers, tokens x mean active units, are at most H: then
 /// it reads fewer weight bytes than the cuBLAS projections, which read all of Wu and Wd. (The

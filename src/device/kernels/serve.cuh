@@ -4,10 +4,17 @@
 //                 block per 8 units, its warps splitting K); its epilogue writes g of the active
 //                 units (0 elsewhere) and one byte per token of the active-unit words, then
 //                 h = g (x_t . Wu_j) over g for the active pairs, each Wu row read once;
-//   serve_up      more tokens: the same epilogue and up phase over cuBLAS's gate GEMM;
 //   serve_down    y by slices of 256 columns: a block per (slice, token) walks the token's mask
 //                 words and adds h_tj Wd_j over its active units; its slice-0 blocks also count the
 //                 rows and the last of them finishes the statistics.
+// Up to kServeUpMaxTokens tokens: cuBLAS's gate GEMM, then
+//   serve_up        the same epilogue and up phase as serve_gate's over the gate;
+//   serve_down_list serve_down with the token's units listed in shared memory first.
+// More tokens: cuBLAS's gate GEMM, then
+//   serve_sparse  a team per (token, split) forms its mask words from the gate, walks the
+//                 split's active units in ascending order, reads their [Wu_j | Wd_j] rows once and
+//                 accumulates y in registers; the last team of a token sums the splits in split
+//                 order, and the last token finishes the statistics.
 // Deterministic everywhere: fixed orders, no floating-point atomics. Every row goes through the
 // gathers, however many units it has, so no row takes a dense path here (rows too dense for
 // gathers to pay are what dense mode, chosen from the statistics, is for).
@@ -34,11 +41,13 @@ template <class T> struct ServeArgs {
     int64_t ldg;
     uint32_t *masks;  // M x words: bit b of word w of token t: unit 32 w + b is active
     int64_t words;
-    uint32_t *ticket;  // serve_down's last-block ticket (zeroed by the kernel before it)
+    uint32_t *tickets;  // serve_sparse's M per-token tickets, then the grid's last-block ticket
     unsigned long long *neuron_counts;
     T *y;
     int64_t y_rs, y_cs;
     bool y_vec;
+    int splits;      // serve_sparse: teams per token
+    float *partial;  // serve_sparse: splits x M x dp partial rows, then splits x M l1 (splits > 1)
     int tile, slots, row_limit;
     int32_t *count, *row_nnz;
     float *row_l1;
@@ -178,7 +187,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     __shared__ uint32_t unit_tokens[kServeGateUnits];  // bit t: token t uses the unit (M <= 32 here)
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
     const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
-    if (blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;  // serve_down waits for this grid before using it
+    if (blockIdx.x == 0 && threadIdx.x == 0) a.tickets[a.m] = 0;  // serve_down waits for this grid before using it
     if (threadIdx.x < kServeGateUnits) unit_tokens[threadIdx.x] = 0;
 
     const bool wok = unit0 + g < a.h;
@@ -241,7 +250,9 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
 // version (serve_gate's tile product over the tile's tokens) took longer at M = 64, 15.2 us against
 // 12.9 for per-pair dots that loaded a row in two rounds: its warps ran every K step whatever the
 // share of the tile's units and tokens in use (ncu, bench/NOTES.md).
-constexpr int kServeTokenWords = heuristics::kServeMaxTokens > 32 ? static_cast<int>((heuristics::kServeMaxTokens + 31) / 32) : 1;
+constexpr int64_t kServeUpTokens = heuristics::kServeUpMaxTokens < heuristics::kServeMaxTokens ? heuristics::kServeUpMaxTokens
+                                                                                                : heuristics::kServeMaxTokens;
+constexpr int kServeTokenWords = kServeUpTokens > 32 ? static_cast<int>((kServeUpTokens + 31) / 32) : 1;
 
 template <class T> __global__ void __launch_bounds__(32 * kServeGateWarps, 5) serve_up(ServeArgs<T> a) {
     constexpr int W = kServeGateWarps, E = Chunk<T>::n;
@@ -252,7 +263,7 @@ template <class T> __global__ void __launch_bounds__(32 * kServeGateWarps, 5) se
     const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
     const int token_words = (a.m + 31) / 32;
     // before the wait (the stream finished every earlier kernel before cuBLAS's gate began)
-    if (blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;  // serve_down_list's
+    if (blockIdx.x == 0 && threadIdx.x == 0) a.tickets[a.m] = 0;  // serve_down_list's
     for (int i = threadIdx.x; i < kServeGateUnits * kServeTokenWords; i += blockDim.x) (&unit_tokens[0][0])[i] = 0;
 #if __CUDA_ARCH__ >= 900
     cudaGridDependencySynchronize();  // cuBLAS's gate
@@ -313,6 +324,272 @@ template <class T> __global__ void __launch_bounds__(32 * kServeGateWarps, 5) se
 /// the path choice only: the row was computed exactly either way).
 __device__ inline int32_t serve_row_code(int32_t nnz, bool tile_over, int32_t row_limit) {
     return tile_over ? -1 : nnz > row_limit ? -2 : nnz;
+}
+
+// ---- serve_sparse: a team of W warps per (token, split); V 16-byte chunks of a row per thread
+
+/// Mask word w of token t from a cuBLAS gate row (more tokens than serve_gate takes): bit b set
+/// when unit 32 w + b is active. Counts each active unit, and zeroes the inactive ones when the
+/// gate buffer becomes the hidden output (serve_gate's epilogue does both on its path).
+template <class T> __device__ inline uint32_t serve_mask_from_gate(const ServeArgs<T> &a, int64_t t, int64_t w) {
+    constexpr int E = Chunk<T>::n;  // 8: four chunks per word
+    T *row = a.gate + t * a.ldg;
+    uint4 v[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {  // ldg is a multiple of 8: whole chunks up to it
+        const int64_t u0 = w * 32 + c * E;
+        v[c] = u0 < a.ldg ? __ldcg(reinterpret_cast<const uint4 *>(row + u0)) : make_uint4(0, 0, 0, 0);
+    }
+    uint32_t bits = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        uint32_t chunk_bits = 0;
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+            chunk_bits |= static_cast<uint32_t>(w * 32 + c * E + e < a.h && relu_active(Chunk<T>::get(v[c], e))) << e;
+        bits |= chunk_bits << (c * E);
+        const int64_t u0 = w * 32 + c * E;
+        if (a.write_h && u0 < a.ldg && chunk_bits != 0xffu) {
+            // keep the active halves of each 32-bit word (values 2i, 2i + 1); +0 is 0 in both types
+            auto keep = [&](uint32_t word, int i) {
+                return word & ((chunk_bits >> (2 * i) & 1u ? 0xffffu : 0u) | (chunk_bits >> (2 * i + 1) & 1u ? 0xffff0000u : 0u));
+            };
+            *reinterpret_cast<uint4 *>(row + u0) = make_uint4(keep(v[c].x, 0), keep(v[c].y, 1), keep(v[c].z, 2), keep(v[c].w, 3));
+        }
+    }
+    if (a.neuron_counts)
+        for (uint32_t b = bits; b; b &= b - 1) atomicAdd(a.neuron_counts + w * 32 + __ffs(b) - 1, 1ull);
+    return bits;
+}
+
+/// A token's statistics from its mask words, by the block: its active units and count entry
+/// (serve_row_code).
+template <class T> __device__ inline void serve_row_counts(const ServeArgs<T> &a, int64_t t, int32_t *shared_totals) {
+    // a thread per mask word (a round of independent loads), tiles summed across lanes: a tile
+    // of 64, 128 or 256 units is 2, 4 or 8 consecutive words, so lanes of one tile are in one warp
+    const uint32_t *mw = a.masks + t * a.words;
+    const int per_tile = a.tile / 32;
+    int total = 0, over = 0;
+    for (int64_t w0 = 0; w0 < a.words; w0 += blockDim.x) {  // uniform trip count: shuffles are safe
+        const int64_t w = w0 + threadIdx.x;
+        int n = w < a.words ? __popc(__ldcg(mw + w)) : 0;
+        total += n;
+        for (int o = 1; o < per_tile; o <<= 1) n += __shfl_xor_sync(kFullMask, n, o);
+        over |= n > a.slots;
+    }
+    total = __reduce_add_sync(kFullMask, total);
+    over = __reduce_or_sync(kFullMask, over);
+    if ((threadIdx.x & 31) == 0) shared_totals[threadIdx.x / 32] = total | (over << 30);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int sum = 0, any_over = 0;
+        for (unsigned w = 0; w < blockDim.x / 32; ++w) sum += shared_totals[w] & ~(1 << 30), any_over |= shared_totals[w] >> 30;
+        a.row_nnz[t] = sum;
+        a.count[t] = serve_row_code(sum, any_over, a.row_limit);
+    }
+}
+
+/// Units a serve_sparse team takes at once (at one 16-byte chunk per thread; half as many at two):
+/// their rows are all in flight before the first is used, and the next batch's while it is used.
+constexpr int kServeBatch = 4;
+
+// A team covers a row with V 16-byte chunks per thread (V = 1 up to D = 4096 with 512 threads).
+template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(ServeArgs<T> a) {
+    constexpr int E = Chunk<T>::n, B = kServeBatch / V;  // two batches' rows in registers
+    extern __shared__ uint32_t split_masks[];  // this split's mask words
+    __shared__ float dots[2][B][16];
+    __shared__ int32_t totals[16];
+    __shared__ bool last;
+    const int threads = blockDim.x, warps = threads / 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
+    const int64_t t = blockIdx.x;
+    const int split = blockIdx.y, splits = a.splits;
+    uint4 last_record = make_uint4(0, 0, 0, 0);
+    if (tid == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
+    auto k_of = [&](int c) { return (static_cast<int64_t>(c) * threads + tid) * E; };
+
+    // x_t in registers (x does not come from serve_gate: read it before the wait)
+    uint4 xc[V];
+#pragma unroll
+    for (int c = 0; c < V; ++c) xc[c] = k_of(c) < a.dp ? serve_x_chunk(a.x + t * a.x_rs, k_of(c), a.d) : make_uint4(0, 0, 0, 0);
+#if __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();  // the gate (and the zeroed tickets)
+#endif
+    const int64_t w0 = a.words * split / splits, w1 = a.words * (split + 1) / splits;
+    for (int64_t w = w0 + tid; w < w1; w += threads) {
+        const uint32_t bits = serve_mask_from_gate(a, t, w);
+        split_masks[w - w0] = bits;
+        a.masks[t * a.words + w] = bits;  // for the token's counts (serve_row_counts)
+    }
+    __syncthreads();
+
+    float acc[V][E];
+#pragma unroll
+    for (int c = 0; c < V; ++c)
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[c][e] = 0.0f;
+    float l1 = 0.0f;
+    int parity = 0;
+    const int64_t down = a.gated ? a.dp : 0;
+
+    // the split's active units in ascending order (every thread walks the same words; a warp
+    // looks at 32 words at a time for the next nonzero one, so empty words cost no chain of loads)
+    int64_t w = w0;
+    uint32_t bits = w < w1 ? split_masks[0] : 0u;
+    auto next_unit = [&]() -> int64_t {
+        while (bits == 0) {
+            if (++w >= w1) return -1;
+            const uint32_t mine = w + lane < w1 ? split_masks[w + lane - w0] : 0u;
+            const unsigned nonzero = __ballot_sync(kFullMask, mine != 0);
+            if (nonzero == 0) {
+                w += 31;  // none of these 32: the loop's ++w moves past them
+                continue;
+            }
+            const int first = __ffs(nonzero) - 1;
+            w += first;
+            bits = __shfl_sync(kFullMask, mine, first);
+        }
+        const int b = __ffs(bits) - 1;
+        bits &= bits - 1;
+        return w * 32 + b;
+    };
+    // a batch: B units, their rows and g
+    struct Batch {
+        int64_t j[B];
+        uint4 wu[B][V], wd[B][V];
+        float g[B];
+    };
+    auto fetch = [&](Batch &n) {
+#pragma unroll
+        for (int b = 0; b < B; ++b) n.j[b] = next_unit();
+#pragma unroll
+        for (int b = 0; b < B; ++b) {  // every load of the batch in flight at once
+            const T *row = a.pair + (n.j[b] < 0 ? 0 : n.j[b]) * a.pair_stride;
+#pragma unroll
+            for (int c = 0; c < V; ++c) {
+                const bool ok = n.j[b] >= 0 && k_of(c) < a.dp;
+                n.wu[b][c] = ok && a.gated ? __ldg(reinterpret_cast<const uint4 *>(row + k_of(c))) : make_uint4(0, 0, 0, 0);
+                n.wd[b][c] = ok ? __ldg(reinterpret_cast<const uint4 *>(row + down + k_of(c))) : make_uint4(0, 0, 0, 0);
+            }
+            n.g[b] = n.j[b] >= 0 ? Value<T>::to_float(a.gate[t * a.ldg + n.j[b]]) : 0.0f;
+        }
+    };
+    Batch cur;
+    fetch(cur);
+    while (cur.j[0] >= 0) {
+        Batch next;
+        fetch(next);  // the next batch's loads in flight while this one is used
+        float h[B];
+        if (a.gated) {
+            // the batch's dot products x_t . Wu_j: per thread, per warp (butterfly), then the
+            // warps in order, one barrier for the batch
+#pragma unroll
+            for (int b = 0; b < B; ++b) {
+                float part = 0.0f;
+#pragma unroll
+                for (int c = 0; c < V; ++c)
+#pragma unroll
+                    for (int e = 0; e < E; ++e) part = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(cur.wu[b][c], e), part);
+                part = warp_sum(part);
+                if (lane == 0) dots[parity][b][warp] = part;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int b = 0; b < B; ++b) {
+                float dot = 0.0f;
+                for (int ww = 0; ww < warps; ++ww) dot += dots[parity][b][ww];
+                h[b] = round_to<T>(cur.g[b] * round_to<T>(dot));
+            }
+            parity ^= 1;
+        } else {
+#pragma unroll
+            for (int b = 0; b < B; ++b) h[b] = cur.g[b];
+        }
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            if (cur.j[b] < 0) continue;
+            l1 += fabsf(h[b]);
+            if (a.write_h && tid == 0) a.gate[t * a.ldg + cur.j[b]] = Value<T>::from_float(h[b]);
+#pragma unroll
+            for (int c = 0; c < V; ++c)
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[c][e] = fmaf(h[b], Chunk<T>::get(cur.wd[b][c], e), acc[c][e]);
+        }
+        cur = next;
+    }
+
+    // one split: y directly; several: partial rows, and the token's last team sums them in order
+    auto store_y = [&](int64_t k0, const float *v) {
+        if (a.y_vec) {
+            T out[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) out[e] = Value<T>::from_float(v[e]);
+            *reinterpret_cast<uint4 *>(a.y + t * a.y_rs + k0) = *reinterpret_cast<const uint4 *>(out);
+        } else {
+            for (int e = 0; e < E; ++e)
+                if (k0 + e < a.d) a.y[t * a.y_rs + (k0 + e) * a.y_cs] = Value<T>::from_float(v[e]);
+        }
+    };
+    float *l1_parts = a.partial + static_cast<int64_t>(splits) * a.m * a.dp;
+    if (splits == 1) {
+#pragma unroll
+        for (int c = 0; c < V; ++c)
+            if (k_of(c) < a.dp) store_y(k_of(c), acc[c]);
+    } else {
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+            if (k_of(c) >= a.dp) continue;
+            float *part = a.partial + (static_cast<int64_t>(split) * a.m + t) * a.dp + k_of(c);
+#pragma unroll
+            for (int e = 0; e < E; e += 4)
+                __stcg(reinterpret_cast<float4 *>(part + e), make_float4(acc[c][e], acc[c][e + 1], acc[c][e + 2], acc[c][e + 3]));
+        }
+        if (tid == 0) __stcg(l1_parts + static_cast<int64_t>(split) * a.m + t, l1);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(a.tickets + t, 1u) == static_cast<unsigned>(splits - 1);
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        // the splits' rows in split order, eight splits' loads in flight at a time
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+            if (k_of(c) >= a.dp) continue;
+            float v[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) v[e] = 0.0f;
+            for (int s0 = 0; s0 < splits; s0 += 8) {
+                float4 f[8][E / 4];
+#pragma unroll
+                for (int s = 0; s < 8; ++s)
+#pragma unroll
+                    for (int e = 0; e < E / 4; ++e)
+                        f[s][e] = s0 + s < splits ? __ldcg(reinterpret_cast<const float4 *>(
+                                                        a.partial + (static_cast<int64_t>(s0 + s) * a.m + t) * a.dp + k_of(c)) + e)
+                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int s = 0; s < 8; ++s)
+#pragma unroll
+                    for (int e = 0; e < E / 4; ++e)
+                        v[4 * e] += f[s][e].x, v[4 * e + 1] += f[s][e].y, v[4 * e + 2] += f[s][e].z, v[4 * e + 3] += f[s][e].w;
+            }
+            store_y(k_of(c), v);
+        }
+        if (tid == 0) {
+            l1 = 0.0f;
+            for (int s = 0; s < splits; ++s) l1 += __ldcg(l1_parts + static_cast<int64_t>(s) * a.m + t);
+        }
+    }
+    // the token's counts and l1, then the grid's last token finishes the statistics
+    if (tid == 0) a.row_l1[t] = l1;
+    serve_row_counts(a, t, totals);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
 }
 
 // ---- serve_down: y_t = sum over the active units j of h_tj Wd_j, by column slices, so that no
@@ -415,7 +692,7 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
         a.count[t] = serve_row_code(nnz, over, a.row_limit);
         if (a.m > 1) {  // the other tokens' blocks wrote theirs: the ticket (release, then acquire)
             __threadfence();
-            last = atomicAdd(a.ticket, 1u) == static_cast<unsigned>(a.m - 1);
+            last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
             if (last) __threadfence();
         } else {
             last = true;
@@ -542,7 +819,7 @@ __global__ void __launch_bounds__(32 * kServeListSlices * kServeListParts) serve
         a.row_nnz[t] = total;
         a.count[t] = serve_row_code(total, over, a.row_limit);
         __threadfence();  // the other tokens' blocks wrote theirs: the ticket (release, then acquire)
-        last = atomicAdd(a.ticket, 1u) == static_cast<unsigned>(a.m - 1);
+        last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
         if (last) __threadfence();
     }
     __syncthreads();
