@@ -50,10 +50,11 @@ constexpr int64_t kServeGateMaxTokens = 16;
 /// Past kServeGateMaxTokens and up to this many tokens: cuBLAS's gate, serve_up (masks and h of the
 /// active pairs per 8-unit tile, each Wu row read once) and serve_down_list; beyond it cuBLAS's
 /// gate and serve_sparse (a team per token and split reads its units' [Wu_j | Wd_j] rows). Measured
-/// on an H100, paper's shape, uniform-29, graph replay, against serve_sparse in the same call
-/// (bench/results/h100-serving-v4-*.json): M = 32 / 64 / 128 / 256 28.6 / 33.7 / 42.8 / 63.9 us
-/// against 32.9 / 37.0 / 45.4 / 56.7 (serve_up took 31 us at M = 256, ~10 pairs a block; not
-/// understood yet, bench/NOTES.md).
+/// on an H100, paper's shape, uniform-29, graph replay, against the build with serve_sparse from 17
+/// tokens, same call (bench/results/h100-serving-v4*.json): M = 32 / 64 / 128 28.0 / 33.4 / 42.3 us
+/// against 32.6 / 36.9 / 45.5; in an earlier call with this at 256, M = 256 took 63.9 against 56.7
+/// (serve_up alone 31 us there, not understood yet: bench/NOTES.md, "fourth pass"). Overridable
+/// with -DTWBLAS_SERVE_UP_MAX_TOKENS=N to time both at the same M.
 #ifdef TWBLAS_SERVE_UP_MAX_TOKENS
 constexpr int64_t kServeUpMaxTokens = TWBLAS_SERVE_UP_MAX_TOKENS;
 #else
