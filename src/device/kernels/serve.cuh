@@ -99,7 +99,7 @@ __device__ inline float serve_row_dot(const T *w, const T *xrow, int64_t d, int6
     return warp_sum(part);
 }
 
-// ---- the tile product of serve_gate and serve_up: z[u][i] = x_i . w_u for one tile of 8 weight
+// ---- serve_gate's tile product: z[u][i] = x_i . w_u for one tile of 8 weight
 // rows and up to 8 R token rows, on tensor cores. Tokens are the MMA's rows, the tile's units its
 // 8 columns. The K order of a dot product does not change its value, so each lane loads 8
 // consecutive k (16 bytes) of its unit's weight row and of its tokens' x and feeds them to the MMA
