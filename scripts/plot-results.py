@@ -3,7 +3,7 @@
 GPU, the date and the file it came from (ratios are always within one file: one run).
 
     scripts/plot-results.py [--batch bench/results/h100-2026-11-22.json]
-                            [--serving bench/results/h100-serving-v3.json]
+                            [--serving bench/results/h100-serving-v4.json]
                             [--serving-llama bench/results/h100-serving-llama-v2.json]
                             [--train bench/results/h100-train-2026-11-22.json] [--out docs]
 
@@ -108,7 +108,7 @@ def training_plot(path, out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", default="bench/results/h100-2026-11-22.json")
-    ap.add_argument("--serving", default="bench/results/h100-serving-v3.json")
+    ap.add_argument("--serving", default="bench/results/h100-serving-v4.json")
     ap.add_argument("--serving-llama", default="bench/results/h100-serving-llama-v2.json")
     ap.add_argument("--train", default="bench/results/h100-train-2026-11-22.json")
     ap.add_argument("--out", default="docs")
