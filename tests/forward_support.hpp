@@ -25,6 +25,7 @@ struct FfnCase {
     twblas::testing::Profile profile = twblas::testing::Profile::Uniform;
     double k = 29;
     double heavy_fraction = 0.01;  // Heavy: share of the rows made dense on purpose
+    double heavy_scale = 0.25;     // Heavy: their factor (smaller: denser rows)
     bool integers = false;         // small-integer data: every sum exact, results bit-identical
     int hidden = 0;                // hidden output: 0 none, 1 TwELL, 2 hybrid
     int32_t twell_compression = 8;
@@ -60,6 +61,7 @@ inline twblas::testing::ProblemSpec problem_spec(const FfnCase &c) {
     spec.gated = c.gated;
     spec.seed = c.seed;
     spec.heavy_fraction = c.heavy_fraction;
+    spec.heavy_scale = c.heavy_scale;
     return spec;
 }
 

@@ -81,8 +81,8 @@ TEST_CASE("forward: odd shapes and layouts", "[ffn][forward]" TWTEST_BACKEND_TAG
 
 TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile", "[ffn][forward][serving]" TWTEST_BACKEND_TAG) {
     // The CUDA backend's serving path (kernels/serve.cuh): its own gate and serve_down up to 16
-    // tokens (x rows of 8 and 16 tokens), cuBLAS's gate and the gather kernel up to 256; past that
-    // the cuBLAS-gate paths. D = 203 (x rows padded to 208, so they start on 16 bytes but end in a
+    // tokens (x rows of 8 and 16 tokens), cuBLAS's gate with serve_up and serve_down_list up to
+    // 128, cuBLAS's gate and serve_sparse up to 256; past that the cuBLAS-gate paths. D = 203 (x rows padded to 208, so they start on 16 bytes but end in a
     // partial chunk), H = 1001 (a partial last mask word and TwELL tile).
     uint64_t seed = 900;
     for (int64_t m : {1, 2, 3, 5, 8, 13, 21, 32, 64, 100, 257, 512})
@@ -112,6 +112,21 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
             c.seed = ++seed;
             check_forward_case(c);
         }
+    // heavy rows of ~1360 active units (of 3000): serve_down_list lists a token's units 1024 at a
+    // time, so these go in two windows (M = 40), and through serve_sparse at M = 200
+    for (int64_t m : {40, 200}) {
+        FfnCase c;
+        c.m = m;
+        c.d = 72;
+        c.h = 3000;
+        c.k = 29;
+        c.profile = tt::Profile::Heavy;
+        c.heavy_fraction = 0.05;
+        c.heavy_scale = 0.05;
+        c.seed = 5;
+        REQUIRE(tt::measure_activations(tt::make_ffn_problem(problem_spec(c))).max_row_nnz > 1024);
+        check_forward_case(c);
+    }
 }
 
 TEST_CASE("forward: heavy rows are exact and flagged; the hidden outputs record them",
