@@ -243,7 +243,8 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
 }
 
 // ---- serve_up: past serve_gate's tokens, the same epilogue and up phase over cuBLAS's gate. A
-// block per 8 units (H / 8 blocks, all in one wave) reads its units' gate values of every token
+// block per 8 units (H / 8 blocks; at 95 registers five fit an SM, so the paper's shape's 704 run
+// in two waves, a likely part of its time: bench/NOTES.md) reads its units' gate values of every token
 // (16 bytes a token), writes the tile's byte of each token's active-unit word and the neuron
 // counts, then h = g (x_t . Wu_j) for the tile's active pairs, dealt to its warps in (unit, token)
 // order, each dot product with its whole row's loads in flight (up to D = 2048). A tensor-core
