@@ -60,6 +60,15 @@ constexpr int64_t kServeUpMaxTokens = TWBLAS_SERVE_UP_MAX_TOKENS;
 #else
 constexpr int64_t kServeUpMaxTokens = 128;
 #endif
+/// serve_up's 16-byte chunks in flight per lane in a dot product: 8 loads a whole row at D = 2048
+/// at once but needs 95 registers (five blocks an SM: the paper's shape's 704 blocks take two
+/// waves); up to 6 fit six blocks an SM (79 registers). 8 is what was measured (above);
+/// -DTWBLAS_SERVE_UP_CHUNKS=6 builds the other to time it (bench/NOTES.md, "fourth pass").
+#ifdef TWBLAS_SERVE_UP_CHUNKS
+constexpr int kServeUpChunks = TWBLAS_SERVE_UP_CHUNKS;
+#else
+constexpr int kServeUpChunks = 8;
+#endif
 bool serve_applies(const FfnProblem &p);
 
 /// Teams per token of serve_sparse: about 256 teams in all (two per SM), so that a team holds a

@@ -255,7 +255,8 @@ constexpr int64_t kServeUpTokens = heuristics::kServeUpMaxTokens < heuristics::k
                                                                                                 : heuristics::kServeMaxTokens;
 constexpr int kServeTokenWords = kServeUpTokens > 32 ? static_cast<int>((kServeUpTokens + 31) / 32) : 1;
 
-template <class T> __global__ void __launch_bounds__(32 * kServeGateWarps, 5) serve_up(ServeArgs<T> a) {
+template <class T>
+__global__ void __launch_bounds__(32 * kServeGateWarps, heuristics::kServeUpChunks > 6 ? 5 : 6) serve_up(ServeArgs<T> a) {
     constexpr int W = kServeGateWarps, E = Chunk<T>::n;
     static_assert(kServeGateUnits == E, "a token's units of the tile are one 16-byte chunk of its gate row");
     __shared__ uint32_t unit_tokens[kServeGateUnits][kServeTokenWords];  // bit t % 32 of word t / 32: token t
@@ -307,7 +308,7 @@ template <class T> __global__ void __launch_bounds__(32 * kServeGateWarps, 5) se
                 for (uint32_t toks = unit_tokens[b][tw]; toks; toks &= toks - 1, ++pair) {
                     if (pair % W != warp) continue;
                     const int t = tw * 32 + __ffs(toks) - 1;
-                    const float dot = serve_row_dot<T, 8>(wu, a.x + t * a.x_rs, a.d, a.dp, lane);
+                    const float dot = serve_row_dot<T, heuristics::kServeUpChunks>(wu, a.x + t * a.x_rs, a.d, a.dp, lane);
                     // serve_down_list reads Wd_j next, from other SMs: bring it to L2 now
                     for (int64_t k = lane * 64; k < a.dp; k += 32 * 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wu + a.dp + k));
                     if (lane == 0)
