@@ -127,9 +127,8 @@ void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w
     check_launch("decode_reduce");
 }
 
-/// The serving path: serve_gate, then serve_down (or, past serve_gate's tokens, cuBLAS's gate and
-/// serve_sparse) joined to it by programmatic dependent launch (its blocks start as the gate's
-/// finish, and wait on the device for the gate's results).
+/// The serving path's own gate (up to kServeGateMaxTokens), which serve_down follows by
+/// programmatic dependent launch (launch_dependent).
 template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, const ServeArgs<T> &a) {
     // a block per 8 units, 4 per mask word: every byte of the words is written
     serve_gate<T, R, U><<<static_cast<unsigned>(4 * a.words), 32 * kServeGateWarps, 0, stream>>>(a);

@@ -76,6 +76,24 @@ __device__ inline uint32_t word_of(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+/// The active units among a gate row's 16-byte chunk of 8 values (units u0 to u0 + 7; those at or
+/// past h are not units): bit e for unit u0 + e.
+template <class T> __device__ inline uint32_t chunk_active_bits(const uint4 &v, int64_t u0, int64_t h) {
+    uint32_t bits = 0;
+#pragma unroll
+    for (int e = 0; e < Chunk<T>::n; ++e) bits |= static_cast<uint32_t>(u0 + e < h && relu_active(Chunk<T>::get(v, e))) << e;
+    return bits;
+}
+
+/// The chunk with the values of its inactive units (bits clear) set to +0, for a gate buffer that
+/// becomes the hidden output: each 32-bit word's halves (values 2i, 2i + 1) kept by their own bit.
+__device__ inline uint4 keep_active(const uint4 &v, uint32_t bits) {
+    auto keep = [&](uint32_t word, int i) {
+        return word & ((bits >> (2 * i) & 1u ? 0xffffu : 0u) | (bits >> (2 * i + 1) & 1u ? 0xffff0000u : 0u));
+    };
+    return make_uint4(keep(v.x, 0), keep(v.y, 1), keep(v.z, 2), keep(v.w, 3));
+}
+
 /// x_t . w over a row of dp values (zero padded past d), by a warp: U 16-byte chunks of each per
 /// lane in flight at a time; the lanes' sums added by a butterfly (a fixed order).
 template <class T, int U = 4>
@@ -275,18 +293,9 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, heuristics::kServeUpChun
         T *chunk = a.gate + t * a.ldg + unit0;
         // ldg and unit0 are multiples of 8: the chunk is whole below ldg
         const uint4 v = unit0 < a.ldg ? __ldcg(reinterpret_cast<const uint4 *>(chunk)) : make_uint4(0, 0, 0, 0);
-        uint32_t bits = 0;
-#pragma unroll
-        for (int e = 0; e < E; ++e) bits |= static_cast<uint32_t>(unit0 + e < a.h && relu_active(Chunk<T>::get(v, e))) << e;
+        const uint32_t bits = chunk_active_bits<T>(v, unit0, a.h);
         reinterpret_cast<uint8_t *>(a.masks + t * a.words)[blockIdx.x] = static_cast<uint8_t>(bits);
-        if (a.write_h && unit0 < a.ldg && bits != 0xffu) {
-            // the hidden output reads the buffer: inactive units become +0 (the halves of each
-            // 32-bit word kept by their own bit)
-            auto keep = [&](uint32_t word, int i) {
-                return word & ((bits >> (2 * i) & 1u ? 0xffffu : 0u) | (bits >> (2 * i + 1) & 1u ? 0xffff0000u : 0u));
-            };
-            *reinterpret_cast<uint4 *>(chunk) = make_uint4(keep(v.x, 0), keep(v.y, 1), keep(v.z, 2), keep(v.w, 3));
-        }
+        if (a.write_h && unit0 < a.ldg && bits != 0xffu) *reinterpret_cast<uint4 *>(chunk) = keep_active(v, bits);
         for (uint32_t b = bits; b; b &= b - 1) {
             const int e = __ffs(b) - 1;
             atomicOr(&unit_tokens[e][t / 32], 1u << (t % 32));
@@ -345,19 +354,10 @@ template <class T> __device__ inline uint32_t serve_mask_from_gate(const ServeAr
     uint32_t bits = 0;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        uint32_t chunk_bits = 0;
-#pragma unroll
-        for (int e = 0; e < E; ++e)
-            chunk_bits |= static_cast<uint32_t>(w * 32 + c * E + e < a.h && relu_active(Chunk<T>::get(v[c], e))) << e;
-        bits |= chunk_bits << (c * E);
         const int64_t u0 = w * 32 + c * E;
-        if (a.write_h && u0 < a.ldg && chunk_bits != 0xffu) {
-            // keep the active halves of each 32-bit word (values 2i, 2i + 1); +0 is 0 in both types
-            auto keep = [&](uint32_t word, int i) {
-                return word & ((chunk_bits >> (2 * i) & 1u ? 0xffffu : 0u) | (chunk_bits >> (2 * i + 1) & 1u ? 0xffff0000u : 0u));
-            };
-            *reinterpret_cast<uint4 *>(row + u0) = make_uint4(keep(v[c].x, 0), keep(v[c].y, 1), keep(v[c].z, 2), keep(v[c].w, 3));
-        }
+        const uint32_t chunk_bits = chunk_active_bits<T>(v[c], u0, a.h);
+        bits |= chunk_bits << (c * E);
+        if (a.write_h && u0 < a.ldg && chunk_bits != 0xffu) *reinterpret_cast<uint4 *>(row + u0) = keep_active(v[c], chunk_bits);
     }
     if (a.neuron_counts)
         for (uint32_t b = bits; b; b &= b - 1) atomicAdd(a.neuron_counts + w * 32 + __ffs(b) - 1, 1ull);
@@ -594,6 +594,31 @@ template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(Se
     reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
 }
 
+/// The end of serve_down and serve_down_list, by a token's counting block: thread 0 stores the
+/// row's l1, units and count entry (serve_row_code); the grid's last such block (a ticket:
+/// release, then acquire) reduces and publishes the statistics with one warp. Every thread calls
+/// it; the row's values matter in thread 0 only.
+template <bool kPast32Rows, class T>
+__device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_t nnz, bool over, float row_l1,
+                                        uint4 last_record) {
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        a.row_l1[t] = row_l1;
+        a.row_nnz[t] = nnz;
+        a.count[t] = serve_row_code(nnz, over, a.row_limit);
+        last = true;
+        if (a.m > 1) {  // the other tokens' blocks write theirs
+            __threadfence();
+            last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
+            if (last) __threadfence();
+        }
+    }
+    __syncthreads();
+    if (last && threadIdx.x < 32)
+        reduce_and_publish_statistics_warp<kPast32Rows>(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish,
+                                                        last_record);
+}
+
 // ---- serve_down: y_t = sum over the active units j of h_tj Wd_j, by column slices, so that no
 // partial rows and no split sums are needed: a block per (slice of 256 columns, token), its warps
 // dealt ranges of mask words; a unit's Wd slice is one 16-byte chunk per lane. The warps' sums are
@@ -610,7 +635,6 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
     __shared__ float warp_l1[W];
     __shared__ uint8_t word_nnz[kServeMaxWords];  // slice 0: active units per mask word
     __shared__ int nnz_scratch[32];
-    __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     const int64_t t = blockIdx.y, col0 = static_cast<int64_t>(blockIdx.x) * kServeDownCols + lane * E;
     const bool counts_row = blockIdx.x == 0;
@@ -686,23 +710,9 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
     }
     nnz = block_reduce(nnz, [](int x, int y) { return x + y; }, nnz_scratch);
     over = __syncthreads_or(over);
-    if (threadIdx.x == 0) {
-        float row_l1 = 0.0f;
-        for (int w = 0; w < W; ++w) row_l1 += warp_l1[w];
-        a.row_l1[t] = row_l1;
-        a.row_nnz[t] = nnz;
-        a.count[t] = serve_row_code(nnz, over, a.row_limit);
-        if (a.m > 1) {  // the other tokens' blocks wrote theirs: the ticket (release, then acquire)
-            __threadfence();
-            last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
-            if (last) __threadfence();
-        } else {
-            last = true;
-        }
-    }
-    __syncthreads();
-    if (last && warp == 0)
-        reduce_and_publish_statistics_warp(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+    float row_l1 = 0.0f;
+    for (int w = 0; w < W; ++w) row_l1 += warp_l1[w];
+    serve_finish_row<false>(a, t, nnz, over, row_l1, last_record);
 }
 
 // ---- serve_down_list: serve_down for more tokens (after serve_up). serve_down's warps each walk a
@@ -725,7 +735,6 @@ __global__ void __launch_bounds__(32 * kServeListSlices * kServeListParts) serve
     __shared__ float red[P][S * kServeDownCols];
     __shared__ int warp_total[W];
     __shared__ float l1_scratch[32];
-    __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, slice = warp % S, part = warp / S;
     const int64_t t = blockIdx.y, slice0 = static_cast<int64_t>(blockIdx.x) * S * kServeDownCols;
     const int64_t col0 = slice0 + slice * kServeDownCols + lane * E;
@@ -816,17 +825,7 @@ __global__ void __launch_bounds__(32 * kServeListSlices * kServeListParts) serve
     }
     over = __syncthreads_or(over);
     const float row_l1 = block_reduce(l1, [](float x, float y) { return x + y; }, l1_scratch);
-    if (threadIdx.x == 0) {
-        a.row_l1[t] = row_l1;
-        a.row_nnz[t] = total;
-        a.count[t] = serve_row_code(total, over, a.row_limit);
-        __threadfence();  // the other tokens' blocks wrote theirs: the ticket (release, then acquire)
-        last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
-        if (last) __threadfence();
-    }
-    __syncthreads();
-    if (last && warp == 0)
-        reduce_and_publish_statistics_warp<true>(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+    serve_finish_row<true>(a, t, total, over, row_l1, last_record);
 }
 
 }  // namespace twblas::cuda
