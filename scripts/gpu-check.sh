@@ -49,9 +49,9 @@ if [[ $stages == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
   t="$build/tests/test_cuda_backend"
   compute-sanitizer --tool memcheck --error-exitcode 1 "$t" >"$out/memcheck.log" 2>&1
   rc=$?; record "memcheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/memcheck.log"
-  # racecheck on the shared-memory users: heavy rows, determinism, graphs, building blocks
+  # racecheck on the shared-memory users: heavy rows, serving sizes, determinism, graphs, building blocks
   compute-sanitizer --tool racecheck --error-exitcode 1 "$t" \
-    "forward: heavy rows*,CUDA FFN: heavy rows*,forward: deterministic*,CUDA FFN: graph capture*,building blocks:*" \
+    "forward: heavy rows*,forward: serving*,CUDA FFN: heavy rows*,forward: deterministic*,CUDA FFN: graph capture*,building blocks:*" \
     >"$out/racecheck.log" 2>&1
   rc=$?; record "racecheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/racecheck.log"
   # training: every case but the 70001-token one and the finite differences (slow under the tool)

@@ -733,7 +733,9 @@ __global__ void __launch_bounds__(32 * kServeListSlices * kServeListParts) serve
     __shared__ int32_t units[kServeListCap];
     __shared__ float hs[kServeListCap];
     __shared__ float red[P][S * kServeDownCols];
-    __shared__ int warp_total[W];
+    // 16-byte aligned: the compiler reads it with 16-byte loads, which must not also cover the
+    // end of red (racecheck saw that read race red's last write when a token has no units)
+    __shared__ alignas(16) int warp_total[W];
     __shared__ float l1_scratch[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, slice = warp % S, part = warp / S;
     const int64_t t = blockIdx.y, slice0 = static_cast<int64_t>(blockIdx.x) * S * kServeDownCols;
