@@ -50,10 +50,14 @@ if [[ $stages == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 1 "$t" >"$out/memcheck.log" 2>&1
   rc=$?; record "memcheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/memcheck.log"
   # racecheck on the shared-memory users: heavy rows, serving sizes, determinism, graphs, building blocks
-  compute-sanitizer --tool racecheck --error-exitcode 1 "$t" \
+  # (cuBLAS's own nvjet kernels, which the serving sizes call, report hazards of their own: only
+  # hazards in twblas's kernels, or a failed test, fail this step)
+  compute-sanitizer --tool racecheck "$t" \
     "forward: heavy rows*,forward: serving*,CUDA FFN: heavy rows*,forward: deterministic*,CUDA FFN: graph capture*,building blocks:*" \
     >"$out/racecheck.log" 2>&1
-  rc=$?; record "racecheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/racecheck.log"
+  rc=$?
+  if [ $rc -eq 0 ] && grep -A1 "Race reported" "$out/racecheck.log" | grep -q "twblas::"; then rc=1; fi
+  record "racecheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/racecheck.log"
   # training: every case but the 70001-token one and the finite differences (slow under the tool)
   t="$build/tests/test_cuda_training"
   compute-sanitizer --tool memcheck --error-exitcode 1 "$t" "~*65536 tokens*" "~*finite differences*" \
