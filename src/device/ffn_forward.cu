@@ -207,7 +207,7 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     }
     // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows
     if (p.m <= 8)
-        launch_serve_gate<T, 1, 6>(stream, a);
+        launch_serve_gate<T, 1, heuristics::kServeGateChunks>(stream, a);
     else
         launch_serve_gate<T, 2, 4>(stream, a);
     static_assert(heuristics::kServeGateMaxTokens <= 16, "serve_gate takes up to 2 x rows of 8 tokens");

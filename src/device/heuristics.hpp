@@ -69,6 +69,14 @@ constexpr int kServeUpChunks = TWBLAS_SERVE_UP_CHUNKS;
 #else
 constexpr int kServeUpChunks = 8;
 #endif
+/// serve_gate's 16-byte chunks of the weight row in flight per lane, up to 8 tokens (one x row per
+/// lane); 9 to 16 tokens hold two x rows and take 4. -DTWBLAS_SERVE_GATE_CHUNKS=N builds another
+/// to time it (bench/NOTES.md, "Serving path, fifth pass").
+#ifdef TWBLAS_SERVE_GATE_CHUNKS
+constexpr int kServeGateChunks = TWBLAS_SERVE_GATE_CHUNKS;
+#else
+constexpr int kServeGateChunks = 6;
+#endif
 bool serve_applies(const FfnProblem &p);
 
 /// Teams per token of serve_sparse: about 256 teams in all (two per SM), so that a team holds a
