@@ -77,6 +77,15 @@ constexpr int kServeGateChunks = TWBLAS_SERVE_GATE_CHUNKS;
 #else
 constexpr int kServeGateChunks = 6;
 #endif
+/// serve_gate's weight loads with an L2::256B fetch hint (load_stream_256) instead of plain
+/// streaming loads. Off until timed in the library: in bench/probes/gate_stream_probe.cu (serve_gate's
+/// load pattern alone, one H100) it read Llama's 117 MB gate in 46.6 us against 49.6 and the
+/// paper's 23 MB in 12.9 against 13.1. -DTWBLAS_SERVE_GATE_FETCH_256=1 builds it.
+#ifdef TWBLAS_SERVE_GATE_FETCH_256
+constexpr bool kServeGateFetch256 = TWBLAS_SERVE_GATE_FETCH_256;
+#else
+constexpr bool kServeGateFetch256 = false;
+#endif
 bool serve_applies(const FfnProblem &p);
 
 /// Teams per token of serve_sparse: about 256 teams in all (two per SM), so that a team holds a

@@ -153,7 +153,9 @@ __device__ inline void serve_tile_dots(const T *wrow, bool wok, const T *const (
     auto load = [&](int u, int64_t c) {
         const int64_t k0 = c * 32 + q * 8;
         const bool kok = k0 < dp;  // dp is a multiple of 8: whole 16-byte chunks
-        bv[u] = kok && wok ? load_stream_256(wrow + k0) : zero;
+        bv[u] = !(kok && wok)                  ? zero
+                : heuristics::kServeGateFetch256 ? load_stream_256(wrow + k0)
+                                                 : __ldcs(reinterpret_cast<const uint4 *>(wrow + k0));
 #pragma unroll
         for (int r = 0; r < R; ++r) av[u][r] = kok && xok[r] ? serve_x_chunk(xrow[r], k0, d) : zero;
     };
