@@ -118,6 +118,19 @@ class Buffers {
         FAIL("not a container of these Buffers");
     }
 
+    /// Writes `values` into this backend's memory at `dst`, after waiting for the backend.
+    template <class T> void write(void *dst, const std::vector<T> &values) {
+#if defined(TWTEST_BACKEND_CUDA)
+        if (device_) {
+            synchronize();
+            twblas::testing::cuda_check(cudaMemcpy(dst, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice),
+                                        "cudaMemcpy");
+            return;
+        }
+#endif
+        std::memcpy(dst, values.data(), values.size() * sizeof(T));
+    }
+
     /// Copies `bytes` of this backend's memory from `src` to `dst`, after waiting for the backend.
     void copy(void *dst, const void *src, size_t bytes) {
 #if defined(TWTEST_BACKEND_CUDA)

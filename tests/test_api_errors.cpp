@@ -1181,6 +1181,33 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
             }
     }
 
+    for (twFfnAttribute_t attr : {TW_FFN_ATTR_L1_OUTPUT, TW_FFN_ATTR_L1_COEFF_POINTER}) {
+        // the pointer attributes: NULL by default, set and read back as a pointer (sizeof(void *)),
+        // a float's alignment required, NULL turns them off
+        INFO("pointer attribute " << attr);
+        void *got = &got;
+        CHECK(twFfnGetAttribute(f.ffn, attr, &got, sizeof got) == TW_STATUS_SUCCESS);
+        CHECK(got == nullptr);
+        float target[2] = {0.0f, 0.0f};
+        void *p = &target[1];
+        CHECK(twFfnSetAttribute(f.ffn, attr, &p, sizeof p) == TW_STATUS_SUCCESS);
+        CHECK(twFfnGetAttribute(f.ffn, attr, &got, sizeof got) == TW_STATUS_SUCCESS);
+        CHECK(got == p);
+        const int32_t small = 0;
+        CHECK(twFfnSetAttribute(f.ffn, attr, &small, sizeof small) == kInvalid);
+        CHECK(error_message(nullptr).find("size") != std::string::npos);
+        CHECK(twFfnGetAttribute(f.ffn, attr, &got, sizeof(int32_t)) == kInvalid);
+        void *odd = reinterpret_cast<char *>(&target[0]) + 1;
+        CHECK(twFfnSetAttribute(f.ffn, attr, &odd, sizeof odd) == kInvalid);
+        CHECK(error_message(nullptr).find("aligned") != std::string::npos);
+        CHECK(twFfnGetAttribute(f.ffn, attr, &got, sizeof got) == TW_STATUS_SUCCESS);
+        CHECK(got == p);  // a failed set leaves it
+        void *null = nullptr;
+        CHECK(twFfnSetAttribute(f.ffn, attr, &null, sizeof null) == TW_STATUS_SUCCESS);
+        CHECK(twFfnGetAttribute(f.ffn, attr, &got, sizeof got) == TW_STATUS_SUCCESS);
+        CHECK(got == nullptr);
+    }
+
     struct GetArgs {
         twHandle_t h;
         twFfnDescr_t ffn;

@@ -100,6 +100,36 @@ TEST_CASE("training: M = 0 gives zero weight gradients", "[ffn][backward][train]
     for (double v : r.dwg) REQUIRE(v == 0.0);
 }
 
+TEST_CASE("training: the l1 output and the l1Coeff pointer give the bits of the stats and of the argument",
+          "[ffn][backward][train][l1]" TWTEST_BACKEND_TAG) {
+    // TW_FFN_ATTR_L1_OUTPUT and TW_FFN_ATTR_L1_COEFF_POINTER (the argument is NaN then: were it
+    // read, the gradients would be NaN). Random data in deterministic mode, and small integers
+    // with recomputed rows after a warm step (every sum exact: the bits are the same on any path,
+    // the cuBLAS recompute of CUDA included).
+    TrainCase random;
+    random.profile = tt::Profile::Heavy;
+    random.deterministic = 1;
+    random.l1 = 0.75f;
+    TrainCase integers;
+    integers.integers = true;
+    integers.heavy_every = 5;
+    integers.m = 130;
+    integers.l1 = 130.0f;
+    for (const TrainCase &c : {random, integers}) {
+        DYNAMIC_SECTION(describe(c)) {
+            const TrainData data = make_data(c);
+            TrainRun plain, pointers;
+            plain.warmed_with(&data.x);
+            pointers.warmed_with(&data.x).with_l1_pointers();
+            const TrainResult a = run_train(c, data, kBackend, plain);
+            const TrainResult b = run_train(c, data, kBackend, pointers);
+            REQUIRE(b.stats.l1 > 0.0);
+            CHECK(b.l1_output == static_cast<float>(b.stats.l1));
+            REQUIRE(a.bits == b.bits);
+        }
+    }
+}
+
 // ---- the CPU reference alone ------------------------------------------------------------------
 #if !defined(TWTEST_BACKEND_CUDA)
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -89,6 +90,7 @@ struct TrainResult {
     std::vector<double> y, dx, dwg, dwu, dwd;
     std::vector<uint32_t> bits;  // y, dx, dwg, dwu, dwd
     twFfnStats_t stats{};
+    float l1_output = 0.0f;  // TrainRun::l1_pointers: what the last forward wrote there
 };
 
 inline void append_bits(std::vector<uint32_t> &bits, const Dense &m) {
@@ -107,6 +109,9 @@ struct TrainRun {
     const std::vector<float> *warm_x = nullptr;
     std::function<void(twHandle_t, int, const Step &)> replay;
     bool move_saved = false;  // the backward reads a copy of the saved state at another address
+    // the l1 through TW_FFN_ATTR_L1_OUTPUT and l1Coeff through TW_FFN_ATTR_L1_COEFF_POINTER (the
+    // backward's l1Coeff argument is then NaN: it must not be read)
+    bool l1_pointers = false;
     // called between each step's forward and backward with the saved state and its size
     std::function<void(Buffers &, void *, size_t)> between;
 
@@ -115,6 +120,10 @@ struct TrainRun {
         return *this;
     }
 
+    TrainRun &with_l1_pointers() {
+        l1_pointers = true;
+        return *this;
+    }
     TrainRun &times(int n) {
         repeats = n;
         return *this;
@@ -165,12 +174,22 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
     TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y, &fw));
     TW_REQUIRE_OK(h, twSpGEMMFusedBackward_bufferSize(h, ffn, c.m, &bw));
     void *const saved = buf.memory(saved_bytes), *const wsf = buf.memory(fw), *const wsb = buf.memory(bw);
+    float l1_coeff = c.l1;
+    void *l1_output = nullptr;
+    if (run.l1_pointers) {
+        l1_output = buf.memory(sizeof(float));
+        void *coeff = buf.memory(sizeof(float));
+        buf.write(coeff, std::vector<float>{c.l1});
+        TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_L1_OUTPUT, &l1_output, sizeof l1_output));
+        TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_L1_COEFF_POINTER, &coeff, sizeof coeff));
+        l1_coeff = std::numeric_limits<float>::quiet_NaN();
+    }
     if (run.warm_x) {
         xw = std::make_unique<Dense>(c.m, c.d, c.type, c.x_order);
         xw->fill(*run.warm_x);
         const twDnMatDescr_t XW = buf.input(*xw);
         TW_REQUIRE_OK(h, twSpGEMMFusedForwardTrain(h, ffn, XW, Y, saved, wsf));
-        TW_REQUIRE_OK(h, twSpGEMMFusedBackward(h, ffn, XW, saved, DY, c.l1, DX, DWG, DWU, DWD, wsb));
+        TW_REQUIRE_OK(h, twSpGEMMFusedBackward(h, ffn, XW, saved, DY, l1_coeff, DX, DWG, DWU, DWD, wsb));
         twFfnStats_t warm{};
         TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &warm));
     }
@@ -180,7 +199,7 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
         if (st != TW_STATUS_SUCCESS) return st;
         if (run.between) run.between(buf, saved, saved_bytes);
         if (moved) buf.copy(moved, saved, saved_bytes);
-        return twSpGEMMFusedBackward(h, ffn, X, moved ? moved : saved, DY, c.l1, DX, DWG, DWU, DWD, wsb);
+        return twSpGEMMFusedBackward(h, ffn, X, moved ? moved : saved, DY, l1_coeff, DX, DWG, DWU, DWD, wsb);
     };
     if (run.replay) {
         run.replay(h, run.repeats, step);
@@ -189,6 +208,7 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
     }
     TrainResult r;
     TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &r.stats));
+    if (l1_output) r.l1_output = buf.read<float>(l1_output, 1)[0];
     buf.fetch();
     twDestroyFfn(ffn);
     r.y = y.to_double();

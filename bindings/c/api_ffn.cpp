@@ -79,6 +79,28 @@ void check_forward_overlap(const twDnMatDescr &x, const twDnMatDescr &y) {
     require_disjoint(byte_range(y), "Y", byte_range(x), "X");
 }
 
+bool is_pointer_attribute(twFfnAttribute_t attr) {
+    return attr == TW_FFN_ATTR_L1_OUTPUT || attr == TW_FFN_ATTR_L1_COEFF_POINTER;
+}
+/// An attribute's value size: a pointer for the pointer attributes, int32 for the rest (an
+/// unknown attribute is reported by the caller's switch).
+void require_attribute_size(twFfnAttribute_t attr, size_t size) {
+    if (is_pointer_attribute(attr)) {
+        if (size != sizeof(void *)) fail(TW_STATUS_INVALID_VALUE, "size: %zu, expected sizeof(void *) = %zu", size, sizeof(void *));
+    } else if (size != sizeof(int32_t)) {
+        fail(TW_STATUS_INVALID_VALUE, "size: %zu, expected sizeof(int32_t) = 4", size);
+    }
+}
+
+/// The FFN's l1 output, when set: reachable by the backend (checked before a forward writes
+/// anything) and apart from the call's other operands.
+void require_l1_output(const twContext &ctx, const twFfnDescr &f, std::initializer_list<std::pair<ByteRange, const char *>> others) {
+    if (!f.l1_output) return;
+    ctx.impl->require_accessible(f.l1_output, "TW_FFN_ATTR_L1_OUTPUT");
+    const ByteRange l1 = byte_range(f.l1_output, sizeof(float));
+    for (const auto &o : others) require_disjoint(l1, "TW_FFN_ATTR_L1_OUTPUT", o.first, o.second);
+}
+
 /// A saved-state pointer: present and aligned as a workspace (scratch_alignment).
 void require_saved(const twContext &ctx, const void *saved) {
     require_ptr(saved, "saved");
@@ -154,7 +176,15 @@ twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, const void
     return guarded(nullptr, [&] {
         twFfnDescr &f = get_ffn(ffn, "ffn");
         require_ptr(value, "value");
-        if (size != sizeof(int32_t)) fail(TW_STATUS_INVALID_VALUE, "size: %zu, expected sizeof(int32_t) = 4", size);
+        require_attribute_size(attr, size);
+        if (is_pointer_attribute(attr)) {
+            void *p;
+            std::memcpy(&p, value, sizeof p);
+            if (p) require_aligned(p, alignof(float), "value", "a float's address");
+            if (attr == TW_FFN_ATTR_L1_OUTPUT) f.l1_output = static_cast<float *>(p);
+            else f.l1_coeff_pointer = static_cast<const float *>(p);
+            return TW_STATUS_SUCCESS;
+        }
         int32_t v;
         std::memcpy(&v, value, sizeof v);
         switch (attr) {
@@ -189,7 +219,12 @@ twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, void *valu
     return guarded(nullptr, [&] {
         const twFfnDescr &f = get_ffn(ffn, "ffn");
         require_ptr(value, "value");
-        if (size != sizeof(int32_t)) fail(TW_STATUS_INVALID_VALUE, "size: %zu, expected sizeof(int32_t) = 4", size);
+        require_attribute_size(attr, size);
+        if (is_pointer_attribute(attr)) {
+            const void *p = attr == TW_FFN_ATTR_L1_OUTPUT ? static_cast<const void *>(f.l1_output) : f.l1_coeff_pointer;
+            std::memcpy(value, &p, sizeof p);
+            return TW_STATUS_SUCCESS;
+        }
         int32_t v = 0;
         switch (attr) {
             case TW_FFN_ATTR_TILE_WIDTH: v = f.tile_width; break;
@@ -243,7 +278,9 @@ twStatus_t twSpGEMMFused(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X, twDnM
         require_disjoint(ws, "workspace", byte_range(x), "X");
         require_disjoint(ws, "workspace", byte_range(y), "Y");
         if (hid) require_disjoint(ws, "workspace", byte_range(*hid), "hidden");
+        require_l1_output(ctx, f, {{byte_range(x), "X"}, {byte_range(y), "Y"}, {ws, "workspace"}});
         ctx.impl->ffn_forward(f, x, y, hid, workspace);
+        if (f.l1_output) ctx.impl->ffn_write_l1(f, f.l1_output);
         return TW_STATUS_SUCCESS;
     });
 }
@@ -313,7 +350,9 @@ twStatus_t twSpGEMMFusedForwardTrain(twHandle_t h, twFfnDescr_t ffn, twDnMatDesc
         require_disjoint(ws, "workspace", byte_range(x), "X");
         require_disjoint(ws, "workspace", byte_range(y), "Y");
         require_disjoint(ws, "workspace", sv, "saved");
+        require_l1_output(ctx, f, {{byte_range(x), "X"}, {byte_range(y), "Y"}, {sv, "saved"}, {ws, "workspace"}});
         ctx.impl->ffn_forward_train(f, x, y, saved, workspace);
+        if (f.l1_output) ctx.impl->ffn_write_l1(f, f.l1_output);
         return TW_STATUS_SUCCESS;
     });
 }
@@ -359,7 +398,10 @@ twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t 
         const twDnMatDescr &dwd = get_dn(dWdown, "dWdown");
         require_shape(dwd, f.hidden_dim, f.model_dim, "dWdown", kDownHint);
         require_same_type(f.type, dwd.type, "dWdown");
-        if (!std::isfinite(l1Coeff)) fail(TW_STATUS_INVALID_VALUE, "l1Coeff: must be finite");
+        // l1Coeff from the call, or read where TW_FFN_ATTR_L1_COEFF_POINTER says when the backward runs
+        const L1Coefficient l1{f.l1_coeff_pointer ? 0.0f : l1Coeff, f.l1_coeff_pointer};
+        if (!l1.at && !std::isfinite(l1Coeff)) fail(TW_STATUS_INVALID_VALUE, "l1Coeff: must be finite");
+        if (l1.at) ctx.impl->require_accessible(l1.at, "TW_FFN_ATTR_L1_COEFF_POINTER");
         // outputs apart from the inputs and from each other
         const std::pair<const twDnMatDescr *, const char *> outputs[] = {
             {&dx, "dX"}, {dwg, "dWgate"}, {&dwu, "dWup"}, {&dwd, "dWdown"}};
@@ -389,7 +431,7 @@ twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t 
             require_disjoint(byte_range(*o.first), o.second, sv, "saved");
             require_disjoint(ws, "workspace", byte_range(*o.first), o.second);
         }
-        ctx.impl->ffn_backward(f, x, saved, dy, l1Coeff, dx, dwg, dwu, dwd, workspace);
+        ctx.impl->ffn_backward(f, x, saved, dy, l1, dx, dwg, dwu, dwd, workspace);
         return TW_STATUS_SUCCESS;
     });
 }

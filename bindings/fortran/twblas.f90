@@ -76,6 +76,8 @@ module twblas
     integer(c_int), parameter, public :: TW_FFN_ATTR_COMPUTE_MODE = 2
     integer(c_int), parameter, public :: TW_FFN_ATTR_DETERMINISTIC = 3
     integer(c_int), parameter, public :: TW_FFN_ATTR_SAVE_DENSE = 4
+    integer(c_int), parameter, public :: TW_FFN_ATTR_L1_OUTPUT = 5
+    integer(c_int), parameter, public :: TW_FFN_ATTR_L1_COEFF_POINTER = 6
 
     ! ---- twComputeMode_t ----------------------------------------------------------------------
     integer(c_int), parameter, public :: TW_COMPUTE_DEFAULT = 0

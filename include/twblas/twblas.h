@@ -292,19 +292,35 @@ typedef enum {
     TW_FFN_ATTR_COMPRESSION = 1,   /**< int32, 2/4/8, default 8 */
     TW_FFN_ATTR_COMPUTE_MODE = 2,  /**< twComputeMode_t (stored as int32) */
     TW_FFN_ATTR_DETERMINISTIC = 3, /**< int32 0/1: bitwise identical results run to run */
-    TW_FFN_ATTR_SAVE_DENSE = 4     /**< int32 0/1, default 0: room in the saved state for g and u
+    TW_FFN_ATTR_SAVE_DENSE = 4,    /**< int32 0/1, default 0: room in the saved state for g and u
                                         of every token (see twSpGEMMFusedSaved_bufferSize) */
+    TW_FFN_ATTR_L1_OUTPUT = 5,     /**< float *, backend memory, 4-byte aligned, default NULL:
+                                        where every forward also writes its l1 (below) */
+    TW_FFN_ATTR_L1_COEFF_POINTER = 6 /**< const float *, backend memory, 4-byte aligned, default
+                                        NULL: where the backward reads l1Coeff (below) */
 } twFfnAttribute_t;
+/** The two pointer attributes let a training loop run without reading anything back per layer
+ *  (a framework's l1 output and the l1 gradient it receives both live on the device):
+ *  - TW_FFN_ATTR_L1_OUTPUT: when not NULL, twSpGEMMFused and twSpGEMMFusedForwardTrain with
+ *    M > 0 also write the forward's l1 (twFfnStats_t's l1, rounded to float) to that address, in
+ *    stream order, without blocking. M = 0 writes nothing there.
+ *  - TW_FFN_ATTR_L1_COEFF_POINTER: when not NULL, twSpGEMMFusedBackward ignores its l1Coeff
+ *    argument and reads l1Coeff from that address when it runs, in stream order (the CPU backend:
+ *    during the call). That value is not checked: a non-finite one gives non-finite gradients.
+ *  Both addresses are taken when a call is made (a captured CUDA graph keeps the addresses it
+ *  was captured with); NULL turns either off. A CUDA FFN needs device-accessible addresses
+ *  (INVALID_VALUE from the call otherwise, before anything is written). */
 /** DEFAULT rounds g, u, h to the value type as dense PyTorch does; HIGHEST_PRECISION keeps
  *  every intermediate in fp32. Accumulation is fp32 or better in both. */
 typedef enum {
     TW_COMPUTE_DEFAULT = 0,           /**< intermediates rounded as dense PyTorch does */
     TW_COMPUTE_HIGHEST_PRECISION = 1  /**< fp32 intermediates */
 } twComputeMode_t;
-/** Sets an attribute; size must be sizeof(int32_t). */
+/** Sets an attribute; size must be sizeof(int32_t), or sizeof(void *) for the pointer
+ *  attributes (value points to the pointer). */
 TWBLAS_API twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr,
                                         const void *value, size_t size);
-/** Reads an attribute; size must be sizeof(int32_t). */
+/** Reads an attribute; size as for twFfnSetAttribute. */
 TWBLAS_API twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, void *value,
                                         size_t size);
 
@@ -388,7 +404,8 @@ TWBLAS_API twStatus_t twSpGEMMFusedBackward_bufferSize(twHandle_t h, twFfnDescr_
                                                        int64_t tokens, size_t *bytes);
 /** dX (M x D) and dWgate, dWup, dWdown (each logical H x D, any order; dWgate NULL for
  *  TW_FFN_RELU) from X, the saved state of the forward on X, and dY. Outputs are overwritten.
- *  l1Coeff adds l1Coeff * d(mean_t sum_j |h_tj|) (the paper's L1 regulariser). No output may
+ *  l1Coeff adds l1Coeff * d(mean_t sum_j |h_tj|) (the paper's L1 regulariser); with
+ *  TW_FFN_ATTR_L1_COEFF_POINTER set it is read from there instead. No output may
  *  overlap an input (X, dY, saved), another output or the workspace (INVALID_VALUE naming it);
  *  saved and workspace are aligned as for twSpGEMMFusedForwardTrain.
  *  M = 0: the weight gradients are set to zero (they are overwritten, and no token contributes);

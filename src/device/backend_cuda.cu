@@ -90,6 +90,7 @@ class CudaBackend final : public Backend {
     explicit CudaBackend(void *const *stream_slot)
         : stream_slot_(stream_slot), device_(cuda::current_device_info()) {}
     twBackend_t kind() const override { return TW_BACKEND_CUDA; }
+    void require_accessible(const void *p, const char *name) const override { cuda::require_device_accessible(p, name); }
 
     // ---- inspection and conversions (setup calls: they read back the bytes that decide their status)
     twSpMatInfo_t sparse_info(const twSpMatDescr &s) override { return containers_.info(stream(), s); }
@@ -159,6 +160,7 @@ class CudaBackend final : public Backend {
     twFfnStats_t ffn_stats(const twFfnDescr &ffn) override {
         return cuda::read_ffn_stats(stream(), cuda::state_of(ffn));
     }
+    void ffn_write_l1(const twFfnDescr &ffn, float *dst) override { cuda::write_forward_l1(stream(), ffn, dst); }
     void ffn_neuron_counts(const twFfnDescr &ffn, int64_t *counts) override {
         const cuda::CudaFfnState &st = cuda::state_of(ffn);
         cuda::check(cudaMemcpyAsync(counts, st.counts.get(), st.counts.bytes(), cudaMemcpyDeviceToDevice, stream()),
@@ -193,11 +195,11 @@ class CudaBackend final : public Backend {
         cuda::carve_train_scratch(nullptr, cuda::training_problem_of(ffn, tokens), &bytes);
         return bytes;
     }
-    void ffn_backward(twFfnDescr &ffn, const twDnMatDescr &x, const void *saved, const twDnMatDescr &dy, float l1_coeff,
+    void ffn_backward(twFfnDescr &ffn, const twDnMatDescr &x, const void *saved, const twDnMatDescr &dy, L1Coefficient l1,
                       const twDnMatDescr &dx, const twDnMatDescr *dwg, const twDnMatDescr &dwu, const twDnMatDescr &dwd,
                       void *workspace) override {
         cuda::training_problem_of(ffn, x.rows);
-        cuda::ffn_backward(stream(), ffn, x, saved, dy, l1_coeff, dx, dwg, dwu, dwd, workspace);
+        cuda::ffn_backward(stream(), ffn, x, saved, dy, l1, dx, dwg, dwu, dwd, workspace);
     }
 
   private:

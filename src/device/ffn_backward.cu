@@ -32,7 +32,7 @@ namespace {
 
 struct BackwardArgs {
     MatrixArg x, dy, dx, dwg, dwu, dwd;  // dwg.ptr NULL for a plain FFN
-    float l1_scale;                      // l1Coeff / M
+    L1Scale l1_scale;                    // l1Coeff / M
 };
 
 /// The recomputed rows (the forward's dense list): z, u and dh by GEMMs over their gathered X
@@ -190,7 +190,7 @@ void gather_dense_rows(cudaStream_t stream, const FfnProblem &p, const void *sav
 }
 
 /// dz, du, h of the first `cap` rows from z and u (NULL: the recomputed rz, ru) and dh in rh.
-void dense_rows_grads(cudaStream_t stream, const FfnProblem &p, const TrainScratch &s, int64_t cap, float l1_scale,
+void dense_rows_grads(cudaStream_t stream, const FfnProblem &p, const TrainScratch &s, int64_t cap, L1Scale l1_scale,
                       const void *z = nullptr, const void *u = nullptr) {
     by_type(p.type, [&](auto t) {
         using T = decltype(t);
@@ -274,7 +274,7 @@ void weight_gradient(cudaStream_t stream, CudaFfnState &st, const TrainScratch &
 /// then dz, du, h in one pass, dX = dZ Wg (+ dU Wu) (fp32, rounded once), and each weight
 /// gradient as one GEMM straight into its output. No sort, no gathers, no recomputed GEMMs.
 void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const SavedView &sv,
-                          const twDnMatDescr &x, const twDnMatDescr &dy, float l1_scale, const twDnMatDescr &dx,
+                          const twDnMatDescr &x, const twDnMatDescr &dy, L1Scale l1_scale, const twDnMatDescr &dx,
                           const twDnMatDescr *dwg, const twDnMatDescr &dwu, const twDnMatDescr &dwd,
                           const TrainScratch &s) {
     const twDataType_t t = p.type;
@@ -307,7 +307,7 @@ void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProble
 }  // namespace
 
 void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const void *saved,
-                  const twDnMatDescr &dy, float l1_coeff, const twDnMatDescr &dx, const twDnMatDescr *dwg,
+                  const twDnMatDescr &dy, L1Coefficient l1, const twDnMatDescr &dx, const twDnMatDescr *dwg,
                   const twDnMatDescr &dwu, const twDnMatDescr &dwd, void *workspace) {
     CudaFfnState &st = state_of(ffn);
     const FfnProblem p = problem_of(ffn, x.rows);
@@ -328,7 +328,9 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
     if (dwg) b.dwg = matrix_arg(*dwg);
     b.dwu = matrix_arg(dwu);
     b.dwd = matrix_arg(dwd);
-    b.l1_scale = p.m > 0 ? l1_coeff / static_cast<float>(p.m) : 0.0f;
+    b.l1_scale.value = p.m > 0 ? l1.value / static_cast<float>(p.m) : 0.0f;
+    b.l1_scale.coeff = p.m > 0 ? l1.at : nullptr;  // read by the kernels, divided there as here
+    b.l1_scale.m = static_cast<float>(p.m);
     std::lock_guard<std::mutex> lock(st.mutex);
     if (p.save_dense && p.m > 0 && st.dense_saved.holds(saved, p.m) && gemm_writes(dwg) && gemm_writes(&dwu) &&
         gemm_writes(&dwd))

@@ -535,6 +535,20 @@ void ffn_forward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr 
     });
 }
 
+namespace {
+/// The last forward's l1 as twFfnGetStats computes it, rounded to float.
+__global__ void forward_l1_kernel(const FfnStatsBlock *block, float *dst) {
+    const FfnDeviceStats &s = block->last;
+    *dst = s.tokens ? static_cast<float>(s.l1_sum / static_cast<double>(s.tokens)) : 0.0f;
+}
+}  // namespace
+
+void write_forward_l1(cudaStream_t stream, const twFfnDescr &ffn, float *dst) {
+    // an ordinary launch: it starts after the forward's last kernel has finished, statistics included
+    forward_l1_kernel<<<1, 1, 0, stream>>>(state_of(ffn).stats_block(), dst);
+    check_launch("forward_l1_kernel");
+}
+
 void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
                        void *saved, void *workspace) {
     CudaFfnState &st = state_of(ffn);

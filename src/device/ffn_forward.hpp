@@ -13,6 +13,10 @@ namespace twblas::cuda {
 void ffn_forward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
                  const twSpMatDescr *hidden, void *workspace);
 
+/// TW_FFN_ATTR_L1_OUTPUT: the last forward's l1 (twFfnGetStats' l1, as float) to `dst` (device
+/// memory), in stream order, without blocking.
+void write_forward_l1(cudaStream_t stream, const twFfnDescr &ffn, float *dst);
+
 /// twSpGEMMFusedForwardTrain: as ffn_forward, and the saved state the backward reads
 /// (SavedLayout) written into `saved`.
 void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,

@@ -11,6 +11,13 @@
 
 namespace twblas {
 
+/// The backward's l1Coeff: the call's value, or (`at` not NULL, TW_FFN_ATTR_L1_COEFF_POINTER)
+/// read from this backend's memory when the backward runs.
+struct L1Coefficient {
+    float value = 0.0f;
+    const float *at = nullptr;
+};
+
 /// Backend-private state of an FFN descriptor (packed weights, statistics, neuron counts).
 struct FfnState {
     virtual ~FfnState() = default;
@@ -20,6 +27,12 @@ class Backend {
   public:
     virtual ~Backend() = default;
     virtual twBackend_t kind() const = 0;
+    /// Throws INVALID_VALUE naming `name` when this backend's kernels cannot reach `p` (a host
+    /// backend reaches any address it is given).
+    virtual void require_accessible(const void *p, const char *name) const {
+        (void)p;
+        (void)name;
+    }
 
     // ---- sparse containers
     virtual twSpMatInfo_t sparse_info(const twSpMatDescr &s) = 0;
@@ -60,6 +73,9 @@ class Backend {
     virtual void ffn_forward(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
                              const twSpMatDescr *hidden, void *workspace) = 0;
     virtual twFfnStats_t ffn_stats(const twFfnDescr &ffn) = 0;
+    /// The l1 of the last forward (ffn_stats' l1, rounded to float) to `dst` in this backend's
+    /// memory, in stream order, without blocking (TW_FFN_ATTR_L1_OUTPUT).
+    virtual void ffn_write_l1(const twFfnDescr &ffn, float *dst) = 0;
     virtual void ffn_neuron_counts(const twFfnDescr &ffn, int64_t *counts) = 0;
     virtual void ffn_reset_neuron_counts(twFfnDescr &ffn) = 0;
 
@@ -75,7 +91,7 @@ class Backend {
                                    void *saved, void *workspace) = 0;
     virtual size_t ffn_backward_workspace(const twFfnDescr &ffn, int64_t tokens) = 0;
     virtual void ffn_backward(twFfnDescr &ffn, const twDnMatDescr &x, const void *saved,
-                              const twDnMatDescr &dy, float l1_coeff, const twDnMatDescr &dx,
+                              const twDnMatDescr &dy, L1Coefficient l1, const twDnMatDescr &dx,
                               const twDnMatDescr *dwg, const twDnMatDescr &dwu,
                               const twDnMatDescr &dwd, void *workspace) = 0;
 };

@@ -51,7 +51,7 @@ template <class T> __device__ inline void dev_epilogue(const GatheredGemm &g, in
             UnitGrad ug{0.0f, 0.0f, 0.0f};
             if (relu_active(z)) {
                 const float u = g.gated ? gate_value<T>(g.ru, at, g.c_f32) : 0.0f;
-                ug = unit_grad<T>(z, u, v, g.gated, g.highest, g.l1_scale);
+                ug = unit_grad<T>(z, u, v, g.gated, g.highest, g.l1_scale.get());
             }
             gate_store<T>(g.rz, at, g.c_f32, ug.dz);
             if (g.gated) gate_store<T>(g.ru, at, g.c_f32, ug.du);

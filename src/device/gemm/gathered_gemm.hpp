@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/l1_scale.hpp"
 #include "twblas/twblas.h"
 
 namespace twblas::cuda {
@@ -49,7 +50,7 @@ struct GatheredGemm {
     void *rz, *ru, *rh;  // BackwardGrad
     int64_t ldr;
     bool gated, highest;
-    float l1_scale;
+    L1Scale l1_scale;
     bool b_vec;  // set by the launcher: B rows K-contiguous, 16-bit, 16-byte aligned
 };
 

@@ -31,7 +31,8 @@ template <class T> __global__ void gather_pair(MatrixArg x, MatrixArg dy, const 
 /// bytes), so that the pass moves its 6 x 2 bytes per unit at the copy rate (one element per
 /// thread took 632 us at 16384 x 5632 on an H100).
 template <class T> __global__ void dense_grads(const T *z_in, const T *u_in, T *rz, T *ru, T *rh, int64_t cap, int64_t h,
-                                               int64_t hp, bool gated, float l1_scale) {
+                                               int64_t hp, bool gated, L1Scale l1) {
+    const float l1_scale = l1.get();
     static_assert(Chunk<T>::n == 8, "16-bit values");
     const int64_t per_row = hp / 8, n = cap * per_row;
     for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < n;

@@ -22,7 +22,7 @@ template <class T> struct TokenArgs {
     const T *gate_w;  // Wg_j (gated) or Wu_j (plain), dp apart
     int64_t dp, d, m, h;
     bool gate_f32, gated, highest;
-    float l1_scale;
+    L1Scale l1_scale;
     const uint16_t *idx;
     const void *sg, *su;
     const int32_t *count;
@@ -57,7 +57,7 @@ template <class T> __global__ void __launch_bounds__(32 * kDhWarps) token_dh(Tok
         const float dot = warp_row_dot(sy, a.pair + col * a.pair_stride + (a.gated ? a.dp : 0), nchunks);
         if (lane == 0) {
             const float g = gate_value<T>(a.sg, base + k, a.gate_f32), u = a.gated ? gate_value<T>(a.su, base + k, a.gate_f32) : 0.0f;
-            const UnitGrad ug = unit_grad<T>(g, u, dot, a.gated, a.highest, a.l1_scale);
+            const UnitGrad ug = unit_grad<T>(g, u, dot, a.gated, a.highest, a.l1_scale.get());
             gate_store<T>(a.dz, base + k, a.gate_f32, ug.dz);
             if (a.gated) gate_store<T>(a.du, base + k, a.gate_f32, ug.du);
         }

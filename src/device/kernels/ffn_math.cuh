@@ -2,6 +2,7 @@
 // kernels, the recompute GEMM's epilogue and the cuBLAS recompute.
 #pragma once
 
+#include "common/l1_scale.hpp"
 #include "common/values.cuh"
 
 namespace twblas::cuda {

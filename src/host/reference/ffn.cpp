@@ -310,10 +310,14 @@ void ReferenceBackend::ffn_forward_train(twFfnDescr &ffn, const twDnMatDescr &x,
     stats.publish(x.rows);
 }
 
+void ReferenceBackend::ffn_write_l1(const twFfnDescr &ffn, float *dst) {
+    *dst = static_cast<float>(ffn_stats(ffn).l1);
+}
+
 size_t ReferenceBackend::ffn_backward_workspace(const twFfnDescr &, int64_t) { return 0; }
 
 void ReferenceBackend::ffn_backward(twFfnDescr &ffn, const twDnMatDescr &x, const void *saved, const twDnMatDescr &dy,
-                                    float l1_coeff, const twDnMatDescr &dx, const twDnMatDescr *dwg,
+                                    L1Coefficient l1, const twDnMatDescr &dx, const twDnMatDescr *dwg,
                                     const twDnMatDescr &dwu, const twDnMatDescr &dwd, void *) {
     const RefFfnState &st = state_of(ffn);
     const Numerics num = numerics_of(ffn);
@@ -328,6 +332,7 @@ void ReferenceBackend::ffn_backward(twFfnDescr &ffn, const twDnMatDescr &x, cons
 
     const RowMatrix xf = load(x), dyf = load(dy);
     const RowMatrix &w_sparse = ffn.gated() ? st.wg : st.wu;
+    const float l1_coeff = l1.at ? *l1.at : l1.value;  // host memory: read during the call
     const float l1_scale = m > 0 ? l1_coeff / static_cast<float>(m) : 0.0f;
 
     // Per token: the active units' gradients wrt the unit's pre-activations (dz: the sparse

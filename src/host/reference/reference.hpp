@@ -55,6 +55,7 @@ class ReferenceBackend final : public Backend {
     void ffn_forward(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y, const twSpMatDescr *hidden,
                      void *workspace) override;
     twFfnStats_t ffn_stats(const twFfnDescr &ffn) override;
+    void ffn_write_l1(const twFfnDescr &ffn, float *dst) override;
     void ffn_neuron_counts(const twFfnDescr &ffn, int64_t *counts) override;
     void ffn_reset_neuron_counts(twFfnDescr &ffn) override;
 
@@ -63,7 +64,7 @@ class ReferenceBackend final : public Backend {
                            void *workspace) override;
     size_t ffn_backward_workspace(const twFfnDescr &ffn, int64_t tokens) override;
     void ffn_backward(twFfnDescr &ffn, const twDnMatDescr &x, const void *saved, const twDnMatDescr &dy,
-                      float l1_coeff, const twDnMatDescr &dx, const twDnMatDescr *dwg, const twDnMatDescr &dwu,
+                      L1Coefficient l1, const twDnMatDescr &dx, const twDnMatDescr *dwg, const twDnMatDescr &dwu,
                       const twDnMatDescr &dwd, void *workspace) override;
 };
 
