@@ -13,8 +13,10 @@ How it runs: one twblas handle per device and thread, on torch's current CUDA st
 and the saved state come from torch's allocator. The C library keeps a packed copy of the weights
 (an FFN descriptor) per weight set and thread; it is refreshed (twFfnUpdateWeights) when a weight
 tensor's version changes, so an optimizer step needs nothing from the user.
-Costs to know: l1 and the statistics are read with twFfnGetStats, and the l1 gradient is read
-as a float, each a stream synchronisation on CUDA.
+Nothing is read back per call: the forward writes l1 straight into its tensor
+(TW_FFN_ATTR_L1_OUTPUT) and the backward reads l1's gradient from its tensor
+(TW_FFN_ATTR_L1_COEFF_POINTER), both in stream order. SparseMLP.stats() reads the statistics
+with twFfnGetStats, which synchronises.
 """
 
 import contextlib
@@ -137,6 +139,20 @@ class _Ffn(_Owned):
                     "twFfnUpdateWeights")
             self.versions = v
 
+    @contextlib.contextmanager
+    def pointing(self, attr: int, t: Tensor):
+        """The pointer attribute `attr` (TW_FFN_ATTR_L1_OUTPUT / _L1_COEFF_POINTER) at the fp32
+        scalar `t` for the calls inside, NULL again after them."""
+        self._set_pointer(attr, t.data_ptr())
+        try:
+            yield
+        finally:
+            self._set_pointer(attr, None)
+
+    def _set_pointer(self, attr: int, address):
+        p = ctypes.c_void_p(address)
+        C.check(C.lib().twFfnSetAttribute(self.ptr, attr, ctypes.byref(p), ctypes.sizeof(p)), None, "twFfnSetAttribute")
+
     def read_stats(self, handle: _Handle) -> C.FfnStats:
         h = handle.on_current_stream()
         C.check(C.lib().twFfnGetStats(h, self.ptr, ctypes.byref(self.stats)), h, "twFfnGetStats")
@@ -237,6 +253,7 @@ def _ffn_forward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tens
     C.check(C.lib().twSpGEMMFused_bufferSize(h, ffn.ptr, xd.ptr, yd.ptr, ctypes.byref(nbytes)), h,
             "twSpGEMMFused_bufferSize")
     work = _workspace(nbytes.value, x.device)
+    l1 = torch.empty((), dtype=torch.float32, device=x.device)  # written by the forward, in stream order
     if training:
         flag = ctypes.c_int32(1 if save_dense else 0)
         C.check(C.lib().twFfnSetAttribute(ffn.ptr, C.FFN_ATTR_SAVE_DENSE, ctypes.byref(flag), 4), None,
@@ -245,13 +262,13 @@ def _ffn_forward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tens
         C.check(C.lib().twSpGEMMFusedSaved_bufferSize(h, ffn.ptr, m, ctypes.byref(sbytes)), h,
                 "twSpGEMMFusedSaved_bufferSize")
         saved = _workspace(sbytes.value, x.device)
-        C.check(C.lib().twSpGEMMFusedForwardTrain(h, ffn.ptr, xd.ptr, yd.ptr, ctypes.c_void_p(saved.data_ptr()),
-                                                  ctypes.c_void_p(work.data_ptr())), h, "twSpGEMMFusedForwardTrain")
+        with ffn.pointing(C.FFN_ATTR_L1_OUTPUT, l1):
+            C.check(C.lib().twSpGEMMFusedForwardTrain(h, ffn.ptr, xd.ptr, yd.ptr, ctypes.c_void_p(saved.data_ptr()),
+                                                      ctypes.c_void_p(work.data_ptr())), h, "twSpGEMMFusedForwardTrain")
     else:
-        C.check(C.lib().twSpGEMMFused(h, ffn.ptr, xd.ptr, yd.ptr, None, ctypes.c_void_p(work.data_ptr())), h,
-                "twSpGEMMFused")
-    stats = ffn.read_stats(handle)
-    l1 = torch.tensor(stats.l1, dtype=torch.float32, device=x.device)
+        with ffn.pointing(C.FFN_ATTR_L1_OUTPUT, l1):
+            C.check(C.lib().twSpGEMMFused(h, ffn.ptr, xd.ptr, yd.ptr, None, ctypes.c_void_p(work.data_ptr())), h,
+                    "twSpGEMMFused")
     return y, l1, saved
 
 
@@ -266,10 +283,12 @@ def _(x, w_gate, w_up, w_down, training, save_dense):
 def _ffn_backward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, saved: Tensor, dy: Tensor,
                   dl1: Tensor) -> List[Tensor]:
     """[dx, dw_up, dw_down, dw_gate (empty for a plain FFN)]; dl1, l1's incoming gradient, is the
-    C API's l1Coeff (read as a float: a synchronisation on CUDA)."""
+    C API's l1Coeff, which the backward's kernels read from the tensor (no read-back)."""
     if saved.numel() == 0 and x.shape[0] > 0:
         raise RuntimeError("twblas: the forward ran without gradients enabled: no saved state to differentiate")
-    l1_coeff = float(dl1)
+    if dl1.device != x.device or dl1.numel() != 1:
+        raise ValueError(f"twblas: l1's gradient must be one value on {x.device}, got shape {tuple(dl1.shape)} on {dl1.device}")
+    coeff = dl1.reshape(()).to(torch.float32).contiguous()
     handle = _handle(x.device)
     ws = _weights(w_gate, w_up, w_down)
     ffn = _ffn(handle, ws)
@@ -286,9 +305,10 @@ def _ffn_backward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Ten
     xd, dyd, dxd = _DnMat.rows_of(x), _DnMat.rows_of(dy), _DnMat.rows_of(dx)
     dwgd = _DnMat.rows_of(dwg) if w_gate is not None else None
     dwud, dwdd = _DnMat.rows_of(dwu), _DnMat.down_of(dwd)
-    C.check(C.lib().twSpGEMMFusedBackward(h, ffn.ptr, xd.ptr, ctypes.c_void_p(saved.data_ptr() if m else None),
-                                          dyd.ptr, float(l1_coeff), dxd.ptr, dwgd.ptr if dwgd else None, dwud.ptr,
-                                          dwdd.ptr, ctypes.c_void_p(work.data_ptr())), h, "twSpGEMMFusedBackward")
+    with ffn.pointing(C.FFN_ATTR_L1_COEFF_POINTER, coeff):  # the l1Coeff argument (0) is then ignored
+        C.check(C.lib().twSpGEMMFusedBackward(h, ffn.ptr, xd.ptr, ctypes.c_void_p(saved.data_ptr() if m else None),
+                                              dyd.ptr, 0.0, dxd.ptr, dwgd.ptr if dwgd else None, dwud.ptr,
+                                              dwdd.ptr, ctypes.c_void_p(work.data_ptr())), h, "twSpGEMMFusedBackward")
     return [dx, dwu, dwd, dwg]
 
 
