@@ -130,6 +130,37 @@ TEST_CASE("training: the l1 output and the l1Coeff pointer give the bits of the 
     }
 }
 
+TEST_CASE("inference: the l1 output holds the forward's l1; M = 0 leaves it", "[ffn][forward][l1]" TWTEST_BACKEND_TAG) {
+    TrainCase c;
+    c.profile = tt::Profile::Heavy;
+    const TrainData data = make_data(c);
+    Handle h(kBackend);
+    Buffers buf(kBackend);
+    Dense x(c.m, c.d, c.type), y(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type);
+    Dense x0(0, c.d, c.type), y0(0, c.d, c.type);
+    x.fill(data.x);
+    wg.fill(data.wg);
+    wu.fill(data.wu);
+    wd.fill(data.wd);
+    const twDnMatDescr_t X = buf.input(x), Y = buf.output(y), X0 = buf.input(x0), Y0 = buf.output(y0);
+    twFfnDescr_t ffn = nullptr;
+    TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, buf.input(wg), buf.input(wu), buf.input(wd)));
+    size_t fw = 0;
+    TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y, &fw));
+    void *ws = buf.memory(fw), *out = buf.memory(sizeof(float));
+    TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_L1_OUTPUT, &out, sizeof out));
+    TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y, nullptr, ws));
+    twFfnStats_t stats{};
+    TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &stats));
+    const float l1 = buf.read<float>(out, 1)[0];
+    REQUIRE(stats.l1 > 0.0);
+    CHECK(l1 == static_cast<float>(stats.l1));
+    buf.write(out, std::vector<float>{-1.0f});
+    TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X0, Y0, nullptr, nullptr));
+    CHECK(buf.read<float>(out, 1)[0] == -1.0f);
+    twDestroyFfn(ffn);
+}
+
 // ---- the CPU reference alone ------------------------------------------------------------------
 #if !defined(TWTEST_BACKEND_CUDA)
 
