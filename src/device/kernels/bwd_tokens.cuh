@@ -51,13 +51,14 @@ template <class T> __global__ void __launch_bounds__(32 * kDhWarps) token_dh(Tok
     stage_row(sy, a.dy, row, a.dy_rs, a.dy_cs, a.dy_vec, a.d, nchunks);
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const float l1_scale = a.l1_scale.get();  // once, not per unit (it may be a load)
     const int64_t base = row * a.ell;
     for (int k = warp; k < n; k += kDhWarps) {
         const int64_t col = min(static_cast<int64_t>(a.idx[base + k]), a.h - 1);
         const float dot = warp_row_dot(sy, a.pair + col * a.pair_stride + (a.gated ? a.dp : 0), nchunks);
         if (lane == 0) {
             const float g = gate_value<T>(a.sg, base + k, a.gate_f32), u = a.gated ? gate_value<T>(a.su, base + k, a.gate_f32) : 0.0f;
-            const UnitGrad ug = unit_grad<T>(g, u, dot, a.gated, a.highest, a.l1_scale.get());
+            const UnitGrad ug = unit_grad<T>(g, u, dot, a.gated, a.highest, l1_scale);
             gate_store<T>(a.dz, base + k, a.gate_f32, ug.dz);
             if (a.gated) gate_store<T>(a.du, base + k, a.gate_f32, ug.du);
         }

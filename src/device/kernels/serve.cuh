@@ -622,6 +622,18 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
                                                         last_record);
 }
 
+/// The start of serve_down and serve_down_list: a counting block's thread 0 loads the last
+/// published statistics record before the wait (its latency hidden; serve_finish_row takes it),
+/// then every thread waits for the previous grid's h, masks and zeroed ticket.
+template <class T> __device__ inline uint4 serve_down_start(const ServeArgs<T> &a, bool counts_row) {
+    uint4 last_record = make_uint4(0, 0, 0, 0);
+    if (counts_row && threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
+#if __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();
+#endif
+    return last_record;
+}
+
 // ---- serve_down: y_t = sum over the active units j of h_tj Wd_j, by column slices, so that no
 // partial rows and no split sums are needed: a block per (slice of 256 columns, token), its warps
 // dealt ranges of mask words; a unit's Wd slice is one 16-byte chunk per lane. The warps' sums are
@@ -641,11 +653,7 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     const int64_t t = blockIdx.y, col0 = static_cast<int64_t>(blockIdx.x) * kServeDownCols + lane * E;
     const bool counts_row = blockIdx.x == 0;
-    uint4 last_record = make_uint4(0, 0, 0, 0);
-    if (counts_row && threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
-#if __CUDA_ARCH__ >= 900
-    cudaGridDependencySynchronize();  // serve_gate's h, masks and zeroed ticket
-#endif
+    const uint4 last_record = serve_down_start(a, counts_row);  // after serve_gate
     const uint32_t *mw = a.masks + t * a.words;
     const T *hrow = a.gate + t * a.ldg;
     const int64_t down = a.gated ? a.dp : 0;
@@ -744,11 +752,7 @@ __global__ void __launch_bounds__(32 * kServeListSlices * kServeListParts) serve
     const int64_t t = blockIdx.y, slice0 = static_cast<int64_t>(blockIdx.x) * S * kServeDownCols;
     const int64_t col0 = slice0 + slice * kServeDownCols + lane * E;
     const bool counts_row = blockIdx.x == 0;
-    uint4 last_record = make_uint4(0, 0, 0, 0);
-    if (counts_row && threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
-#if __CUDA_ARCH__ >= 900
-    cudaGridDependencySynchronize();  // serve_up's h, masks and zeroed ticket
-#endif
+    const uint4 last_record = serve_down_start(a, counts_row);  // after serve_up
     const uint32_t *mw = a.masks + t * a.words;
     const T *hrow = a.gate + t * a.ldg;
     const int64_t down = a.gated ? a.dp : 0;
