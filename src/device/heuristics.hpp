@@ -78,13 +78,14 @@ constexpr int kServeGateChunks = TWBLAS_SERVE_GATE_CHUNKS;
 constexpr int kServeGateChunks = 6;
 #endif
 /// serve_gate's weight loads with an L2::256B fetch hint (load_stream_256) instead of plain
-/// streaming loads. Off until timed in the library: in bench/probes/gate_stream_probe.cu (serve_gate's
-/// load pattern alone, one H100) it read Llama's 117 MB gate in 46.6 us against 49.6 and the
-/// paper's 23 MB in 12.9 against 13.1. -DTWBLAS_SERVE_GATE_FETCH_256=1 builds it.
+/// streaming loads: the gate reads whole 256-byte stretches of each row, so fetching them whole
+/// saves L2 round trips. Timed in the library on one H100 (bench/results/h100-gate-fetch256, same
+/// calls): Llama's shape M = 1 / 8 51.0 / 53.2 us against 52.7 / 54.9; the paper's M = 1 / 8 / 16
+/// 17.3 / 19.6 / 22.4 against 17.7 / 19.8 / 22.7. -DTWBLAS_SERVE_GATE_FETCH_256=0 builds without.
 #ifdef TWBLAS_SERVE_GATE_FETCH_256
 constexpr bool kServeGateFetch256 = TWBLAS_SERVE_GATE_FETCH_256;
 #else
-constexpr bool kServeGateFetch256 = false;
+constexpr bool kServeGateFetch256 = true;
 #endif
 bool serve_applies(const FfnProblem &p);
 
