@@ -172,6 +172,33 @@ def test_weights_followed_after_optimizer_step(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_backward_on_another_thread_uses_the_forwards_descriptor(device, monkeypatch):
+    # autograd runs a CUDA backward on a thread of its own: it must find the forward's FFN
+    # descriptor (which knows what the forward did), not make one of its own
+    import threading
+
+    import twblas.torch as T
+
+    made = []
+    init = T._Ffn.__init__
+    monkeypatch.setattr(T._Ffn, "__init__", lambda self, *a: (made.append(self), init(self, *a))[1])
+    torch.manual_seed(5)
+    dense = DenseMLP(16, 48, True, device=device)
+    sparse = SparseMLP.from_dense(dense)
+    x = torch.randn(9, 16, device=device, requires_grad=True)
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(y=sparse(x)))
+    thread.start()
+    thread.join()
+    out["y"].sum().backward()  # on this thread
+    assert len(made) == 1
+    xr = x.detach().clone().requires_grad_(True)
+    dense(xr)[0].sum().backward()
+    assert _rel(x.grad, xr.grad) < 1e-5
+    assert _rel(sparse.down_proj.weight.grad, dense.down_proj.weight.grad) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph(device):
     torch.manual_seed(4)
     mlp = SparseMLP(16, 40, device=device)

@@ -11,7 +11,10 @@ becomes the C API's l1Coeff).
 
 How it runs: one twblas handle per device and thread, on torch's current CUDA stream; workspaces
 and the saved state come from torch's allocator. The C library keeps a packed copy of the weights
-(an FFN descriptor) per weight set and thread; it is refreshed (twFfnUpdateWeights) when a weight
+(an FFN descriptor) per weight set, shared by every thread: autograd runs a CUDA backward on a
+thread of its own, and that backward must see what its forward told the descriptor (dense mode,
+z and u kept), or it recomputes every row. Calls on one descriptor are serialised by its lock
+(they set its pointer attributes per call). It is refreshed (twFfnUpdateWeights) when a weight
 tensor's version changes, so an optimizer step needs nothing from the user.
 Nothing is read back per call: the forward writes l1 straight into its tensor
 (TW_FFN_ATTR_L1_OUTPUT) and the backward reads l1's gradient from its tensor
@@ -110,6 +113,8 @@ class _Ffn(_Owned):
 
     def __init__(self, handle: _Handle, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor):
         super().__init__()
+        # held around every use (its attributes are set per call); a thread of the same call may re-enter
+        self.lock = threading.RLock()
         self.refs = [weakref.ref(w) if w is not None else None for w in (w_gate, w_up, w_down)]
         self.versions = self._versions(w_gate, w_up, w_down)
         self.gated = w_gate is not None
@@ -162,12 +167,14 @@ class _Ffn(_Owned):
 
 class _ThreadState(threading.local):
     def __init__(self):
-        self.handles = {}  # device -> _Handle
-        self.ffns = {}  # (device, weight identities) -> _Ffn
+        self.handles = {}  # device -> _Handle (the C API: a handle is used by one thread at a time)
 
 
 _state = _ThreadState()
-_MAX_FFNS = 64  # FFN descriptors kept per thread (each holds a packed copy of its weights)
+# FFN descriptors, shared by all threads: (device, weight identities) -> _Ffn
+_ffns = {}
+_ffns_lock = threading.Lock()
+_MAX_FFNS = 64  # FFN descriptors kept (each holds a packed copy of its weights)
 
 
 def _handle(device: torch.device) -> _Handle:
@@ -178,19 +185,25 @@ def _handle(device: torch.device) -> _Handle:
     return h
 
 
-def _ffn(handle: _Handle, ws) -> _Ffn:
+@contextlib.contextmanager
+def _using_ffn(handle: _Handle, ws):
+    """The FFN descriptor of weights `ws`, locked and with the weights' current values, for the
+    calls inside."""
     key = (str(handle.device),) + tuple(
         (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype) if w is not None else None for w in ws)
-    f = _state.ffns.get(key)
-    if f is not None and not f.matches(ws):
-        f = None  # the memory of freed weights, reused by other tensors
-    if f is None:
-        if len(_state.ffns) >= _MAX_FFNS:
-            _state.ffns.pop(next(iter(_state.ffns)))
-        f = _state.ffns[key] = _Ffn(handle, *ws)
-    else:
-        f.sync_weights(handle, ws)
-    return f
+    with _ffns_lock:
+        f = _ffns.get(key)
+        if f is not None and not f.matches(ws):
+            f = None  # the memory of freed weights, reused by other tensors
+        fresh = f is None
+        if fresh:
+            if len(_ffns) >= _MAX_FFNS:  # one still in use elsewhere lives on until that use ends
+                _ffns.pop(next(iter(_ffns)))
+            f = _ffns[key] = _Ffn(handle, *ws)
+    with f.lock:
+        if not fresh:
+            f.sync_weights(handle, ws)
+        yield f
 
 
 def _workspace(nbytes: int, device) -> Tensor:
@@ -241,19 +254,26 @@ def _ffn_forward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tens
     `save_dense` sets TW_FFN_ATTR_SAVE_DENSE before it is sized."""
     handle = _handle(x.device)
     ws = _weights(w_gate, w_up, w_down)
-    ffn = _ffn(handle, ws)
-    m = x.shape[0]
     y = torch.empty_like(x)
+    with _using_ffn(handle, ws) as ffn:  # made (weights checked) on the first call, even of no tokens
+        if x.shape[0] == 0:
+            return y, torch.zeros((), dtype=torch.float32, device=x.device), torch.empty(0, dtype=torch.uint8, device=x.device)
+        l1 = torch.empty((), dtype=torch.float32, device=x.device)  # written by the forward, in stream order
+        saved = _forward_call(handle, ffn, x, y, l1, training, save_dense)
+    return y, l1, saved
+
+
+def _forward_call(handle: _Handle, ffn: _Ffn, x: Tensor, y: Tensor, l1: Tensor, training: bool,
+                  save_dense: bool) -> Tensor:
+    """The forward's C calls, with ffn's lock held; returns the saved state (empty unless training)."""
+    m = x.shape[0]
     saved = torch.empty(0, dtype=torch.uint8, device=x.device)
-    if m == 0:
-        return y, torch.zeros((), dtype=torch.float32, device=x.device), saved
     h = handle.on_current_stream()
     xd, yd = _DnMat.rows_of(x), _DnMat.rows_of(y)
     nbytes = ctypes.c_size_t()
     C.check(C.lib().twSpGEMMFused_bufferSize(h, ffn.ptr, xd.ptr, yd.ptr, ctypes.byref(nbytes)), h,
             "twSpGEMMFused_bufferSize")
     work = _workspace(nbytes.value, x.device)
-    l1 = torch.empty((), dtype=torch.float32, device=x.device)  # written by the forward, in stream order
     if training:
         flag = ctypes.c_int32(1 if save_dense else 0)
         C.check(C.lib().twFfnSetAttribute(ffn.ptr, C.FFN_ATTR_SAVE_DENSE, ctypes.byref(flag), 4), None,
@@ -269,7 +289,7 @@ def _ffn_forward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tens
         with ffn.pointing(C.FFN_ATTR_L1_OUTPUT, l1):
             C.check(C.lib().twSpGEMMFused(h, ffn.ptr, xd.ptr, yd.ptr, None, ctypes.c_void_p(work.data_ptr())), h,
                     "twSpGEMMFused")
-    return y, l1, saved
+    return saved
 
 
 @_ffn_forward.register_fake
@@ -291,24 +311,26 @@ def _ffn_backward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Ten
     coeff = dl1.reshape(()).to(torch.float32).contiguous()
     handle = _handle(x.device)
     ws = _weights(w_gate, w_up, w_down)
-    ffn = _ffn(handle, ws)
     dy = dy.contiguous()
     dx = torch.empty_like(x)
     dwu, dwd = torch.empty_like(w_up), torch.empty_like(w_down)
     dwg = torch.empty_like(w_gate) if w_gate is not None else torch.empty(0, dtype=x.dtype, device=x.device)
-    h = handle.on_current_stream()
     m = x.shape[0]
-    nbytes = ctypes.c_size_t()
-    C.check(C.lib().twSpGEMMFusedBackward_bufferSize(h, ffn.ptr, m, ctypes.byref(nbytes)), h,
-            "twSpGEMMFusedBackward_bufferSize")
-    work = _workspace(nbytes.value, x.device)
     xd, dyd, dxd = _DnMat.rows_of(x), _DnMat.rows_of(dy), _DnMat.rows_of(dx)
     dwgd = _DnMat.rows_of(dwg) if w_gate is not None else None
     dwud, dwdd = _DnMat.rows_of(dwu), _DnMat.down_of(dwd)
-    with ffn.pointing(C.FFN_ATTR_L1_COEFF_POINTER, coeff):  # the l1Coeff argument (0) is then ignored
-        C.check(C.lib().twSpGEMMFusedBackward(h, ffn.ptr, xd.ptr, ctypes.c_void_p(saved.data_ptr() if m else None),
-                                              dyd.ptr, 0.0, dxd.ptr, dwgd.ptr if dwgd else None, dwud.ptr,
-                                              dwdd.ptr, ctypes.c_void_p(work.data_ptr())), h, "twSpGEMMFusedBackward")
+    # the forward's descriptor, also when autograd runs this on a thread of its own
+    with _using_ffn(handle, ws) as ffn:
+        h = handle.on_current_stream()
+        nbytes = ctypes.c_size_t()
+        C.check(C.lib().twSpGEMMFusedBackward_bufferSize(h, ffn.ptr, m, ctypes.byref(nbytes)), h,
+                "twSpGEMMFusedBackward_bufferSize")
+        work = _workspace(nbytes.value, x.device)
+        with ffn.pointing(C.FFN_ATTR_L1_COEFF_POINTER, coeff):  # the l1Coeff argument (0) is then ignored
+            C.check(C.lib().twSpGEMMFusedBackward(h, ffn.ptr, xd.ptr, ctypes.c_void_p(saved.data_ptr() if m else None),
+                                                  dyd.ptr, 0.0, dxd.ptr, dwgd.ptr if dwgd else None, dwud.ptr,
+                                                  dwdd.ptr, ctypes.c_void_p(work.data_ptr())), h,
+                    "twSpGEMMFusedBackward")
     return [dx, dwu, dwd, dwg]
 
 
@@ -386,7 +408,8 @@ class SparseMLP(torch.nn.Module):
     def stats(self) -> dict:
         ws = _weights(self.gate_proj.weight if self.gated else None, self.up_proj.weight, self.down_proj.weight)
         handle = _handle(self.up_proj.weight.device)
-        s = _ffn(handle, ws).read_stats(handle)
+        with _using_ffn(handle, ws) as ffn:
+            s = ffn.read_stats(handle)
         return {"tokens": int(s.tokens), "mean_active": float(s.meanRowNnz), "max_active": int(s.maxRowNnz),
                 "overflow_rows": int(s.overflowRows)}
 
