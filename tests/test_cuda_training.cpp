@@ -79,6 +79,16 @@ TEST_CASE("CUDA training: SAVE_DENSE keeps z and u in dense mode, and the backwa
                 check_train(c, run_train(c, data, kBackend, TrainRun().warmed_with(&warm.x).times(2).replayed(graph_replay)),
                             want);
             }
+            SECTION("the FFN told to leave dense mode before the backward") {
+                // the backward follows its forward's mode (z and u kept; without save_dense, every
+                // row recomputed through cuBLAS), not the one the newer statistics ask for
+                TrainRun run = TrainRun().warmed_with(&warm.x);
+                run.sparse_forward_between = true;
+                check_train(c, run_train(c, data, kBackend, run), want);
+                TrainCase recomputed = c;
+                recomputed.save_dense = 0;
+                check_train(recomputed, run_train(recomputed, data, kBackend, run), want);
+            }
             SECTION("moved: recomputed") {
                 check_train(c, run_train(c, data, kBackend, TrainRun().warmed_with(&warm.x).saved_moved()), want);
             }

@@ -114,6 +114,10 @@ struct TrainRun {
     bool l1_pointers = false;
     // called between each step's forward and backward with the saved state and its size
     std::function<void(Buffers &, void *, size_t)> between;
+    // between each step's forward and backward, a forward of X = 0 (no active unit) into a saved
+    // state of its own, and its statistics read: the FFN is then told to leave dense mode before
+    // the step's backward runs
+    bool sparse_forward_between = false;
 
     TrainRun &saved_moved() {
         move_saved = true;
@@ -194,10 +198,25 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
         TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &warm));
     }
     void *const moved = run.move_saved ? buf.memory(saved_bytes) : nullptr;
+    std::unique_ptr<Dense> x0, y0;
+    void *saved0 = nullptr;
+    if (run.sparse_forward_between) {
+        x0 = std::make_unique<Dense>(c.m, c.d, c.type, c.x_order);
+        x0->fill(std::vector<float>(static_cast<size_t>(c.m * c.d), 0.0f));
+        y0 = std::make_unique<Dense>(c.m, c.d, c.type);
+        saved0 = buf.memory(saved_bytes);
+    }
+    const twDnMatDescr_t X0 = x0 ? buf.input(*x0) : nullptr, Y0 = y0 ? buf.output(*y0) : nullptr;
     const TrainRun::Step step = [&]() -> twStatus_t {
-        const twStatus_t st = twSpGEMMFusedForwardTrain(h, ffn, X, Y, saved, wsf);
+        twStatus_t st = twSpGEMMFusedForwardTrain(h, ffn, X, Y, saved, wsf);
         if (st != TW_STATUS_SUCCESS) return st;
         if (run.between) run.between(buf, saved, saved_bytes);
+        if (X0) {
+            twFfnStats_t none{};
+            if ((st = twSpGEMMFusedForwardTrain(h, ffn, X0, Y0, saved0, wsf)) != TW_STATUS_SUCCESS ||
+                (st = twFfnGetStats(h, ffn, &none)) != TW_STATUS_SUCCESS)
+                return st;
+        }
         if (moved) buf.copy(moved, saved, saved_bytes);
         return twSpGEMMFusedBackward(h, ffn, X, moved ? moved : saved, DY, l1_coeff, DX, DWG, DWU, DWD, wsb);
     };

@@ -332,16 +332,19 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
     b.l1_scale.coeff = p.m > 0 ? l1.at : nullptr;  // read by the kernels, divided there as here
     b.l1_scale.m = static_cast<float>(p.m);
     std::lock_guard<std::mutex> lock(st.mutex);
-    if (p.save_dense && p.m > 0 && st.dense_saved.holds(saved, p.m) && gemm_writes(dwg) && gemm_writes(&dwu) &&
+    const TrainForwards::Record *forward = st.train_forwards.find(saved, p.m);
+    if (p.save_dense && p.m > 0 && forward && forward->kept_z_u && gemm_writes(dwg) && gemm_writes(&dwu) &&
         gemm_writes(&dwd))
         return dense_saved_backward(stream, st, p, saved_view(p, saved), x, dy, b.l1_scale, dx, dwg, dwu, dwd, s);
     sort_dense_list(stream, p, saved, s);
     // the forward's dense-path rows are recomputed: the first `cap` of them through cuBLAS (cap
-    // from the measured share, as in the forward; in dense mode all of them), any beyond through
-    // the gathered GEMM
+    // from the measured share, as in the forward; after a dense-mode forward all of them), any
+    // beyond through the gathered GEMM. The mode is the forward's, not the one the statistics
+    // published since then ask for (unless the forward is no longer listed).
     absorb_feedback(st);
     const bool cublas = !p.deterministic && p.cublas_ok();
-    const int64_t cap = !cublas ? 0 : st.dense_mode ? p.m : heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m);
+    const bool dense_forward = forward ? forward->dense_mode : st.dense_mode;
+    const int64_t cap = !cublas ? 0 : dense_forward ? p.m : heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m);
     if (cap > 0) recompute_with_cublas(stream, st, p, saved, b, s, cap);
     by_type(p.type, [&](auto tag) { backward<decltype(tag)>(stream, p, w, saved, b, s, cap, st.sm_count); });
 }

@@ -467,7 +467,9 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
     const SavedLayout l = saved_layout(p);
     write_header<<<1, 1, 0, stream>>>(saved_header(p), reinterpret_cast<SavedHeader *>(static_cast<char *>(saved) + l.header));
     check_launch("write_header");
-    st.dense_saved.forget(saved);  // until a dense-mode forward below has filled z and u
+    // what the backward of this saved state follows (recorded now: a failure below leaves no
+    // state to differentiate anyway)
+    st.train_forwards.remember(saved, p.m, {path.dense_mode, path.dense_mode && p.save_dense});
     if (p.m == 0) {  // the saved state of no tokens: a header and an empty dense list
         check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
         return;
@@ -477,7 +479,7 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
     if (path.dense_mode) {
         // every row is saved as one the backward recomputes (through cuBLAS: see ffn_backward);
         // with save_dense z and u stay in the saved state too, and the backward reads them
-        // instead when it knows this forward wrote them (st.dense_saved)
+        // instead when it knows this forward wrote them (st.train_forwards)
         char *const sb = static_cast<char *>(saved);
         const DenseModeBuffers b = p.save_dense ? DenseModeBuffers{sb + l.dense_z, p.gated ? sb + l.dense_u : nullptr, s.gate}
                                                 : DenseModeBuffers{s.gate, s.up, s.gate};
@@ -486,7 +488,6 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
         all_rows_dense<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(s.count, s.dense_rows,
                                                                                           s.dense_count, p.m);
         check_launch("all_rows_dense");
-        if (p.save_dense) st.dense_saved.remember(saved, p.m);
         return;
     }
     run_gate_and_lists<T>(stream, st, p, path, x, s, false);

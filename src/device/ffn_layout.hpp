@@ -125,7 +125,7 @@ constexpr int32_t kSavedEll = 128;
 /// and an ELL part: each sparse row's active units in ascending order with their g and u (gate
 /// type). At the paper's shape it is 1/14 of a dense bf16 h. With save_dense, then z and u of
 /// every row (M x hp each, value type), which a dense-mode forward fills (CudaFfnState's
-/// dense_saved says which saved states hold them).
+/// train_forwards says which saved states hold them).
 struct SavedLayout {
     int32_t ell;
     size_t header, words, count, dense_rows, idx, g, u, dense_z, dense_u, total;

@@ -16,35 +16,43 @@
 
 namespace twblas::cuda {
 
-/// The saved states in which a dense-mode training forward of this FFN left z and u of every row
-/// (save_dense), by address and token count: their backward reads them instead of recomputing.
-/// A state not listed (never written so, overwritten by a sparse forward, moved, or pushed out by
-/// newer ones) is recomputed from X through its dense list, which is always valid: forgetting
-/// costs speed, never correctness. Host memory only; guarded by the state's mutex.
-class DenseSavedStates {
+/// What each recent training forward of this FFN did, by its saved state's address and token
+/// count: whether it ran in dense mode, and whether it also kept z and u of every row there
+/// (save_dense). Its backward follows that forward, not the mode the latest statistics ask for:
+/// a dense-mode forward's backward recomputes every row through cuBLAS (or reads z and u), where
+/// the gathered GEMM, sized for a few rows, would take milliseconds. A state not listed (moved,
+/// or pushed out by newer ones) is still exact: its backward goes by the latest statistics.
+/// Host memory only; guarded by the state's mutex.
+class TrainForwards {
   public:
-    void remember(const void *saved, int64_t tokens) {
+    struct Record {
+        bool dense_mode = false;
+        bool kept_z_u = false;
+    };
+    void remember(const void *saved, int64_t tokens, Record r) {
         forget(saved);
-        slots_[next_] = {saved, tokens};
+        slots_[next_] = {saved, tokens, r};
         next_ = (next_ + 1) % kSlots;
     }
     void forget(const void *saved) {
         for (Entry &e : slots_)
             if (e.saved == saved) e = Entry{};
     }
-    bool holds(const void *saved, int64_t tokens) const {
+    /// The record of the forward that wrote `saved` for `tokens` tokens, or NULL.
+    const Record *find(const void *saved, int64_t tokens) const {
         for (const Entry &e : slots_)
-            if (e.saved == saved && e.tokens == tokens) return saved != nullptr;
-        return false;
+            if (saved && e.saved == saved && e.tokens == tokens) return &e.record;
+        return nullptr;
     }
 
   private:
     // forwards whose backward has not run yet: micro-batches of gradient accumulation, pipeline
-    // stages; more than this many in flight only recompute the oldest
+    // stages; more than this many in flight go by the latest statistics
     static constexpr int kSlots = 32;
     struct Entry {
         const void *saved = nullptr;
         int64_t tokens = 0;
+        Record record;
     };
     Entry slots_[kSlots];
     int next_ = 0;
@@ -69,7 +77,7 @@ struct CudaFfnState final : FfnState {
     bool dense_mode = false;
     double mean_active = 0.0;  // active units per token (feedback_mean: up to ~19 % above)
     double dense_row_fraction = 0.0;
-    DenseSavedStates dense_saved;
+    TrainForwards train_forwards;
 
     FfnWeights weights(const FfnProblem &p) const {
         return {gate.get(), pair.get(), p.gated ? 2 * p.dp : p.dp, down_t.get()};
