@@ -207,13 +207,15 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
         saved0 = buf.memory(saved_bytes);
     }
     const twDnMatDescr_t X0 = x0 ? buf.input(*x0) : nullptr, Y0 = y0 ? buf.output(*y0) : nullptr;
+    twFfnStats_t step_stats{};  // with X0: the step's own forward's, read before X0's forward
     const TrainRun::Step step = [&]() -> twStatus_t {
         twStatus_t st = twSpGEMMFusedForwardTrain(h, ffn, X, Y, saved, wsf);
         if (st != TW_STATUS_SUCCESS) return st;
         if (run.between) run.between(buf, saved, saved_bytes);
         if (X0) {
             twFfnStats_t none{};
-            if ((st = twSpGEMMFusedForwardTrain(h, ffn, X0, Y0, saved0, wsf)) != TW_STATUS_SUCCESS ||
+            if ((st = twFfnGetStats(h, ffn, &step_stats)) != TW_STATUS_SUCCESS ||
+                (st = twSpGEMMFusedForwardTrain(h, ffn, X0, Y0, saved0, wsf)) != TW_STATUS_SUCCESS ||
                 (st = twFfnGetStats(h, ffn, &none)) != TW_STATUS_SUCCESS)
                 return st;
         }
@@ -227,6 +229,7 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
     }
     TrainResult r;
     TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &r.stats));
+    if (X0) r.stats = step_stats;
     if (l1_output) r.l1_output = buf.read<float>(l1_output, 1)[0];
     buf.fetch();
     twDestroyFfn(ffn);
