@@ -237,6 +237,85 @@ TEST_CASE("CUDA FFN: a replayed call follows new buffers and attributes", "[cuda
     }
 }
 
+TEST_CASE("CUDA FFN: twFfnUpdateWeights is ordered on the handle's stream and can be captured", "[cuda][ffn]") {
+    // the new weights are written, re-read and used on one stream with no host wait in between,
+    // eagerly and inside a captured graph (a blocking update could not be captured)
+    FfnCase c;
+    c.m = 40;
+    c.d = 96;
+    c.h = 500;
+    c.deterministic = 1;
+    const FfnData data = make_data(c);
+    FfnData doubled = data;  // Wd x 2: exact in bf16
+    for (float &v : doubled.wd) v *= 2.0f;
+    const FfnResult want = run_ffn(c, data, TW_BACKEND_CUDA), want2 = run_ffn(c, doubled, TW_BACKEND_CUDA);
+    REQUIRE(want.y_bits != want2.y_bits);
+
+    Handle h(TW_BACKEND_CUDA);
+    Buffers buf(TW_BACKEND_CUDA);
+    Dense x(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type),
+        wd_orig(c.h, c.d, c.type), wd_doubled(c.h, c.d, c.type);
+    x.fill(data.x);
+    wg.fill(data.wg);
+    wu.fill(data.wu);
+    wd.fill(data.wd);
+    wd_orig.fill(data.wd);
+    wd_doubled.fill(doubled.wd);
+    Dense y1(c.m, c.d, c.type), y2(c.m, c.d, c.type), y3(c.m, c.d, c.type);
+    for (Dense *y : {&y1, &y2, &y3}) y->poison();
+    const twDnMatDescr_t X = buf.input(x), WG = buf.input(wg), WU = buf.input(wu), WD = buf.input(wd);
+    const twDnMatDescr_t Y1 = buf.output(y1), Y2 = buf.output(y2), Y3 = buf.output(y3);
+    auto values = [](twDnMatDescr_t m) {
+        int64_t rows = 0, cols = 0, ld = 0;
+        void *v = nullptr;
+        twDataType_t t;
+        twOrder_t o;
+        REQUIRE(twDnMatGet(m, &rows, &cols, &ld, &v, &t, &o) == TW_STATUS_SUCCESS);
+        return std::make_pair(v, static_cast<size_t>(rows * ld) * (t == TW_R_32F ? 4 : 2));
+    };
+    const auto [wd_mem, wd_bytes] = values(WD);
+    void *const orig_mem = values(buf.input(wd_orig)).first, *const doubled_mem = values(buf.input(wd_doubled)).first;
+    twFfnDescr_t ffn = nullptr;
+    TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, WG, WU, WD));
+    TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_DETERMINISTIC, &c.deterministic, sizeof c.deterministic));
+    size_t ws_bytes = 0;
+    TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y1, &ws_bytes));
+    void *ws = buf.memory(ws_bytes);
+    TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y1, nullptr, ws));
+    // eager, on a stream of its own: write Wd x 2, re-read it, forward
+    cudaStream_t s;
+    cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    TW_REQUIRE_OK(h, twSetStream(h, s));
+    cuda_ok(cudaMemcpyAsync(wd_mem, doubled_mem, wd_bytes, cudaMemcpyDeviceToDevice, s));
+    TW_REQUIRE_OK(h, twFfnUpdateWeights(h, ffn, WG, WU, WD));
+    TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y2, nullptr, ws));
+    cuda_ok(cudaStreamSynchronize(s));
+    TW_REQUIRE_OK(h, twSetStream(h, nullptr));
+    cudaStreamDestroy(s);
+    // captured: the original Wd back, re-read, forward
+    replay_captured(h, 1, [&]() -> twStatus_t {
+        void *stream = nullptr;
+        twStatus_t st = twGetStream(h, &stream);
+        if (st != TW_STATUS_SUCCESS) return st;
+        const auto cs = static_cast<cudaStream_t>(stream);
+        if (cudaMemcpyAsync(wd_mem, orig_mem, wd_bytes, cudaMemcpyDeviceToDevice, cs) != cudaSuccess)
+            return TW_STATUS_EXECUTION_FAILED;
+        if ((st = twFfnUpdateWeights(h, ffn, WG, WU, WD)) != TW_STATUS_SUCCESS) return st;
+        return twSpGEMMFused(h, ffn, X, Y3, nullptr, ws);
+    });
+    buf.fetch();
+    auto bits = [&](const Dense &y) {
+        std::vector<uint32_t> b;
+        for (int64_t i = 0; i < c.m; ++i)
+            for (int64_t k = 0; k < c.d; ++k) b.push_back(y.bits(i, k));
+        return b;
+    };
+    CHECK(bits(y1) == want.y_bits);
+    CHECK(bits(y2) == want2.y_bits);
+    CHECK(bits(y3) == want.y_bits);
+    twDestroyFfn(ffn);
+}
+
 TEST_CASE("CUDA backend: host memory in a descriptor is INVALID_VALUE naming the argument", "[cuda][errors]") {
     // plain malloc'd memory would fault inside a kernel; the backend checks where a descriptor
     // meets it (once per argument set for the fused forward)

@@ -277,7 +277,11 @@ TWBLAS_API twStatus_t twCreateFfn(twHandle_t h, twFfnDescr_t *ffn, twFfnKind_t k
                                   twDnMatDescr_t wGate /* NULL for TW_FFN_RELU */,
                                   twDnMatDescr_t wUp, twDnMatDescr_t wDown);
 /** Re-reads the weights from the descriptors given to twCreateFfn, which must describe the
- *  same shapes and types (setup call: blocks). For training loops that update the weights. */
+ *  same shapes and types. For training loops that update the weights. Does not allocate and,
+ *  on the CUDA backend, does not block: the copy runs on the handle's stream, so calls on that
+ *  stream after it use the new weights (it may be captured in a CUDA graph); work on other
+ *  streams must be ordered after it (an event), and the weights must keep their values until
+ *  it has run. Not while compute calls on this FFN run (the thread rules above). */
 TWBLAS_API twStatus_t twFfnUpdateWeights(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t wGate,
                                          twDnMatDescr_t wUp, twDnMatDescr_t wDown);
 /** Destroys an FFN descriptor and its weight copy; NULL is a no-op. A destroyed descriptor

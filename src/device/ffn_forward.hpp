@@ -22,9 +22,10 @@ void write_forward_l1(cudaStream_t stream, const twFfnDescr &ffn, float *dst);
 void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
                        void *saved, void *workspace);
 
-/// Weights in the kernels' layouts (twCreateFfn, twFfnUpdateWeights; ffn_weights.cu): a setup
-/// call, it blocks.
+/// Weights in the kernels' layouts (twCreateFfn, twFfnUpdateWeights; ffn_weights.cu), enqueued
+/// on `stream`; `wait`: block until they are there (twCreateFfn: the FFN may then be used on any
+/// stream), else stream-ordered (twFfnUpdateWeights: no host wait, capturable).
 void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const twDnMatDescr *wg,
-                        const twDnMatDescr &wu, const twDnMatDescr &wd);
+                        const twDnMatDescr &wu, const twDnMatDescr &wd, bool wait);
 
 }  // namespace twblas::cuda

@@ -32,7 +32,7 @@ void launch_repack(cudaStream_t stream, const MatrixArg &in, bool transpose, voi
 }  // namespace
 
 void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const twDnMatDescr *wg,
-                        const twDnMatDescr &wu, const twDnMatDescr &wd) {
+                        const twDnMatDescr &wu, const twDnMatDescr &wd, bool wait) {
     if (wg) require_device_accessible(wg->values, "wGate");
     require_device_accessible(wu.values, "wUp");
     require_device_accessible(wd.values, "wDown");
@@ -46,7 +46,7 @@ void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem 
         launch_repack(stream, matrix_arg(wd), false, st.pair.get(), p.dp, p.h, p.dp);
     }
     launch_repack(stream, matrix_arg(wd), true, st.down_t.get(), p.hp, p.d, p.hp);
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // setup call: blocks
+    if (wait) check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
 }  // namespace twblas::cuda

@@ -14,8 +14,9 @@ and the saved state come from torch's allocator. The C library keeps a packed co
 (an FFN descriptor) per weight set, shared by every thread: autograd runs a CUDA backward on a
 thread of its own, and that backward must see what its forward told the descriptor (dense mode,
 z and u kept), or it recomputes every row. Calls on one descriptor are serialised by its lock
-(they set its pointer attributes per call). It is refreshed (twFfnUpdateWeights) when a weight
-tensor's version changes, so an optimizer step needs nothing from the user.
+(they set its pointer attributes per call). It is refreshed (twFfnUpdateWeights, ordered on
+torch's current stream, no host wait) when a weight tensor's version changes, so an optimizer step
+needs nothing from the user.
 Nothing is read back per call: the forward writes l1 straight into its tensor
 (TW_FFN_ATTR_L1_OUTPUT) and the backward reads l1's gradient from its tensor
 (TW_FFN_ATTR_L1_COEFF_POINTER), both in stream order. SparseMLP.stats() reads the statistics
