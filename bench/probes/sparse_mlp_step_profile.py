@@ -1,6 +1,7 @@
 """One SparseMLP training step (forward + backward, 8192 tokens, d_model 512, d_ff 2048, bf16) on a
 GPU under the torch profiler, for gate patterns from ~35 active units a token (dense mode) down to
-~0.4, with and without save_dense: GPU time per step and the six costliest kernels.
+~0.4, some with units active on every token, with and without save_dense: GPU time per step and
+the six costliest kernels.
     TWBLAS_LIBRARY=build/src/libtwblas.so PYTHONPATH=bindings/python python3 bench/probes/sparse_mlp_step_profile.py
 It found autograd's backward thread using an FFN descriptor of its own (2026-11-23: 12.3 of 12.7 ms
 a step in the gathered GEMM; docs/pytorch/README.md)."""
@@ -30,4 +31,6 @@ for sd in (True, False):
     run("hot8+35", 1.0, 8, sd)
     run("uniform~35", 1.0, 0, sd)
     run("uniform~8", 1.3, 0, sd)
+    run("hot2+uniform~4", 1.3, 2, sd)  # sparse mode, two units active on every token
+    run("hot8+uniform~4", 1.3, 8, sd)
     run("uniform~2", 1.6, 0, sd)

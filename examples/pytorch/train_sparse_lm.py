@@ -152,6 +152,14 @@ class FfnTimer:
         return total
 
 
+def unit_summary(counts, tokens):
+    """Dead units, units active on over 10 % of the tokens, and the five highest firing rates."""
+    rates = counts.double().cpu() / max(1, tokens)
+    top = torch.topk(rates, min(5, rates.numel())).values
+    return {"dead": int((counts == 0).sum()), "over_10pct": int((rates > 0.1).sum()),
+            "top_rates": [round(float(r), 4) for r in top]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -168,6 +176,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--text", default="", help="a dumped kjv.txt (written there when missing and `bible` exists)")
     ap.add_argument("--out", default="runs/train-sparse-lm")
+    ap.add_argument("--unit-stats-every", type=int, default=50,
+                    help="log each layer's unit firing rates (dead units, the busiest) every N steps")
     ap.add_argument("--no-save-dense", dest="save_dense", action="store_false",
                     help="do not keep g and u for the backward while the FFNs run in dense mode (the early "
                          "steps, before sparsity emerges): less memory, slower steps (TW_FFN_ATTR_SAVE_DENSE)")
@@ -222,6 +232,7 @@ def main():
         t = torch.tensor([v], dtype=torch.float64, device=device)
         dist.all_reduce(t)
         return t.item() / world
+    last_unit_stats = 0
     for step in range(1, args.steps + 1):
         x, y = batch(train)
         rec = {"step": step}
@@ -243,6 +254,11 @@ def main():
                          "step_ms": 1e3 * dt, "tokens_per_s": world * args.batch * args.seq / dt}
             if name == "sparse":
                 rec[name]["mean_active"] = [blk.mlp.stats()["mean_active"] for blk in blocks(m)]
+                if step % args.unit_stats_every == 0 or step == args.steps:
+                    # how the active units are spread: firing rates since the last record
+                    tokens = (step - last_unit_stats) * args.batch * args.seq
+                    rec[name]["units"] = [unit_summary(blk.mlp.neuron_counts(reset=True), tokens) for blk in blocks(m)]
+                    last_unit_stats = step
         log["steps"].append(rec)
         if rank == 0 and (step % 10 == 0 or step == 1 or step == args.steps):
             s, d = rec["sparse"], rec["dense"]

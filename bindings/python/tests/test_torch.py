@@ -155,6 +155,26 @@ def test_module_from_dense_state_dict_and_stats(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_neuron_counts(device):
+    # each unit's count is the number of tokens whose gate is above zero, summed over forwards
+    torch.manual_seed(6)
+    dense = DenseMLP(16, 40, True, device=device)
+    mlp = SparseMLP.from_dense(dense)
+    x1, x2 = torch.randn(7, 16, device=device), torch.randn(3, 5, 16, device=device)
+    with torch.no_grad():
+        mlp(x1)
+        mlp(x2)
+        want = (dense.gate_proj(x1) > 0).sum(0) + (dense.gate_proj(x2) > 0).reshape(-1, 40).sum(0)
+    got = mlp.neuron_counts(reset=True)
+    assert got.dtype == torch.int64 and got.shape == (40,) and got.device == x1.device
+    assert torch.equal(got, want.to(torch.int64)) and got.sum() > 0
+    assert mlp.neuron_counts().sum() == 0  # reset
+    with torch.no_grad():
+        mlp(x1)
+    assert torch.equal(mlp.neuron_counts(), (dense.gate_proj(x1) > 0).sum(0).to(torch.int64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_weights_followed_after_optimizer_step(device):
     torch.manual_seed(3)
     mlp = SparseMLP(16, 40, device=device)

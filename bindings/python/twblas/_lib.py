@@ -71,6 +71,8 @@ def _declare(lib):
         "twSpGEMMFused_bufferSize": (c_int, [H, H, H, H, POINTER(c_size_t)]),
         "twSpGEMMFused": (c_int, [H, H, H, H, H, c_void_p]),
         "twFfnGetStats": (c_int, [H, H, POINTER(FfnStats)]),
+        "twFfnGetNeuronCounts": (c_int, [H, H, c_void_p]),
+        "twFfnResetNeuronCounts": (c_int, [H, H]),
         "twSpGEMMFusedSaved_bufferSize": (c_int, [H, H, c_int64, POINTER(c_size_t)]),
         "twSpGEMMFusedForwardTrain": (c_int, [H, H, H, H, c_void_p, c_void_p]),
         "twSpGEMMFusedBackward_bufferSize": (c_int, [H, H, c_int64, POINTER(c_size_t)]),

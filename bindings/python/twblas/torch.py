@@ -414,6 +414,25 @@ class SparseMLP(torch.nn.Module):
         return {"tokens": int(s.tokens), "mean_active": float(s.meanRowNnz), "max_active": int(s.maxRowNnz),
                 "overflow_rows": int(s.overflowRows)}
 
+    def neuron_counts(self, reset: bool = False) -> Tensor:
+        """How many tokens each hidden unit was active for (its gate above zero), summed over the
+        forwards since the last reset: an int64 tensor of d_ff values on the weights' device. Dead
+        units read 0; units active on most tokens show up too (they set the backward's longest
+        per-unit sums). Synchronises. `reset`: start counting again after reading."""
+        ws = _weights(self.gate_proj.weight if self.gated else None, self.up_proj.weight, self.down_proj.weight)
+        device = self.up_proj.weight.device
+        counts = torch.empty(self.up_proj.weight.shape[0], dtype=torch.int64, device=device)
+        handle = _handle(device)
+        with _using_ffn(handle, ws) as ffn:
+            h = handle.on_current_stream()
+            C.check(C.lib().twFfnGetNeuronCounts(h, ffn.ptr, ctypes.c_void_p(counts.data_ptr())), h,
+                    "twFfnGetNeuronCounts")
+            if reset:
+                C.check(C.lib().twFfnResetNeuronCounts(h, ffn.ptr), h, "twFfnResetNeuronCounts")
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        return counts
+
     @classmethod
     def from_dense(cls, module: torch.nn.Module) -> "SparseMLP":
         """A SparseMLP with the weights of any module that has up_proj and down_proj (nn.Linear,
