@@ -159,7 +159,8 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
                    static_cast<T *>(b.dwd.ptr), b.dwd.rs, b.dwd.cs, rows_vectorizable(b.dwd, p.d)};
     if (p.h > 0 && p.d > 0) {
         const dim3 grid(static_cast<unsigned>(p.h), static_cast<unsigned>(ceil_div(p.dp, kUnitThreads * Chunk<T>::n)));
-        backward_units<T><<<grid, kUnitThreads, 0, stream>>>(ua);
+        constexpr int G = heuristics::kUnitTokenGroups;
+        backward_units<T, G><<<grid, kUnitThreads * G, 0, stream>>>(ua);
         check_launch("backward_units");
     }
 }

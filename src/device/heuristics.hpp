@@ -89,6 +89,17 @@ constexpr bool kServeGateFetch256 = true;
 #endif
 bool serve_applies(const FfnProblem &p);
 
+/// Token groups of the backward's per-unit sums (backward_units): each unit's tokens are summed by
+/// this many groups of 64 threads, then added in group order. More groups shorten the serial sum
+/// of a unit active on most tokens (a trained model's busiest units). 1 until timed on a GPU
+/// (bench/probes/sparse_mlp_step_profile.py has such patterns); -DTWBLAS_UNIT_TOKEN_GROUPS=4
+/// builds it.
+#ifdef TWBLAS_UNIT_TOKEN_GROUPS
+constexpr int kUnitTokenGroups = TWBLAS_UNIT_TOKEN_GROUPS;
+#else
+constexpr int kUnitTokenGroups = 1;
+#endif
+
 /// Teams per token of serve_sparse: about 256 teams in all (two per SM), so that a team holds a
 /// few batches of units (the fused kernel's splits bound it: the partial rows live in the same
 /// scratch). Depends on M alone, so results stay reproducible.

@@ -82,14 +82,19 @@ template <class T> struct UnitArgs {
 // dY columns it gathers (2 x 16 MB at M = 16384, D = 2048) stay in L2. With whole rows per block
 // the gathers of X and dY rows (4 KB each, 3.9 GB at the paper's shape) came from HBM: ncu put
 // this kernel at 1.11 ms, about HBM speed.
+// G token groups (G x 64 threads): each staged batch is cut into G contiguous ranges, one per
+// group, and the groups' sums are added in group order at the end (deterministic). The loop is
+// bound by load latency, so a unit active on most tokens (a long serial sum) finishes G times
+// sooner; G = 1 is one group, no reduction.
 constexpr int kUnitThreads = 64, kUnitBatch = 64;
 
-template <class T> __global__ void __launch_bounds__(kUnitThreads) backward_units(UnitArgs<T> a) {
+template <class T, int G> __global__ void __launch_bounds__(kUnitThreads * G) backward_units(UnitArgs<T> a) {
     constexpr int E = Chunk<T>::n;
     __shared__ int64_t s_tok[kUnitBatch];
     __shared__ float s_z[kUnitBatch], s_u[kUnitBatch], s_h[kUnitBatch];
     const int64_t j = blockIdx.x;
-    const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kUnitThreads + threadIdx.x) * E;
+    const int lane = static_cast<int>(threadIdx.x) % kUnitThreads, group = static_cast<int>(threadIdx.x) / kUnitThreads;
+    const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kUnitThreads + lane) * E;
     float az[E], au[E], ad[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) az[e] = au[e] = ad[e] = 0.0f;
@@ -112,12 +117,15 @@ template <class T> __global__ void __launch_bounds__(kUnitThreads) backward_unit
         }
         __syncthreads();
         if (k0 >= a.dp) continue;
-        int e = 0;
+        // this group's entries of the batch: [e, e_end)
+        const int per = (nb + G - 1) / G;
+        int e = min(nb, group * per);
+        const int e_end = min(nb, e + per);
         if (a.x_vec && a.dy_vec && k0 + E <= a.d) {
             // four entries at a time: their eight 16-byte loads are issued before any is used
             // (the kernel is bound by load latency, not bandwidth)
             constexpr int kG = 4;
-            for (; e + kG <= nb; e += kG) {
+            for (; e + kG <= e_end; e += kG) {
                 uint4 xq[kG], yq[kG];
 #pragma unroll
                 for (int g = 0; g < kG; ++g) {
@@ -138,7 +146,7 @@ template <class T> __global__ void __launch_bounds__(kUnitThreads) backward_unit
                 }
             }
         }
-        for (; e < nb; ++e) {
+        for (; e < e_end; ++e) {
             const int64_t tok = s_tok[e];
             float xv[E], yv[E];
             load_chunk(a.x, tok, a.x_rs, a.x_cs, a.x_vec, k0, a.d, xv);
@@ -153,6 +161,29 @@ template <class T> __global__ void __launch_bounds__(kUnitThreads) backward_unit
                 const float cu = s_u[e];
 #pragma unroll
                 for (int q = 0; q < E; ++q) au[q] = fmaf(cu, xv[q], au[q]);
+            }
+        }
+    }
+    if constexpr (G > 1) {
+        // the groups' sums, added in group order by group 0
+        __shared__ float s_red[G - 1][3][kUnitThreads * E];
+        __syncthreads();
+        if (group > 0) {
+#pragma unroll
+            for (int q = 0; q < E; ++q) {
+                s_red[group - 1][0][lane * E + q] = az[q];
+                s_red[group - 1][1][lane * E + q] = au[q];
+                s_red[group - 1][2][lane * E + q] = ad[q];
+            }
+        }
+        __syncthreads();
+        if (group > 0) return;
+        for (int g = 0; g < G - 1; ++g) {
+#pragma unroll
+            for (int q = 0; q < E; ++q) {
+                az[q] += s_red[g][0][lane * E + q];
+                au[q] += s_red[g][1][lane * E + q];
+                ad[q] += s_red[g][2][lane * E + q];
             }
         }
     }
