@@ -1148,7 +1148,7 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
     const std::vector<std::pair<twFfnAttribute_t, std::vector<int32_t>>> invalid_values = {
         {TW_FFN_ATTR_TILE_WIDTH, {100, 0, 32, 512, -256}},
         {TW_FFN_ATTR_COMPRESSION, {3, 0, 1, 16}},
-        {TW_FFN_ATTR_COMPUTE_MODE, {9, 2, -1}},
+        {TW_FFN_ATTR_COMPUTE_MODE, {9, 3, -1}},
         {TW_FFN_ATTR_DETERMINISTIC, {2, -1}},
         {TW_FFN_ATTR_SAVE_DENSE, {2, -1}}};
     for (const auto &[attr, values] : invalid_values)
@@ -1179,6 +1179,15 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
                 CHECK(twFfnGetAttribute(f.ffn, attr, &got, sizeof got) == TW_STATUS_SUCCESS);
                 CHECK(got == v);
             }
+    }
+
+    {  // FP8 weights are for 16-bit FFNs: this one is fp32, and its mode is left as it was
+        const int32_t fp8 = TW_COMPUTE_FP8_WEIGHTS;
+        CHECK(twFfnSetAttribute(f.ffn, TW_FFN_ATTR_COMPUTE_MODE, &fp8, sizeof fp8) == TW_STATUS_NOT_SUPPORTED);
+        CHECK(error_message(nullptr).find("16-bit") != std::string::npos);
+        int32_t got = -1;
+        CHECK(twFfnGetAttribute(f.ffn, TW_FFN_ATTR_COMPUTE_MODE, &got, sizeof got) == TW_STATUS_SUCCESS);
+        CHECK(got == TW_COMPUTE_DEFAULT);
     }
 
     for (twFfnAttribute_t attr : {TW_FFN_ATTR_L1_OUTPUT, TW_FFN_ATTR_L1_COEFF_POINTER}) {

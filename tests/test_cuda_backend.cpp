@@ -316,6 +316,33 @@ TEST_CASE("CUDA FFN: twFfnUpdateWeights is ordered on the handle's stream and ca
     twDestroyFfn(ffn);
 }
 
+TEST_CASE("CUDA FFN: TW_COMPUTE_FP8_WEIGHTS is NOT_SUPPORTED until its kernels land", "[cuda][errors]") {
+    // never computed as if it were DEFAULT: the forward and its size query refuse it, naming it
+    FfnCase c;
+    const FfnData data = make_data(c);
+    Handle h(TW_BACKEND_CUDA);
+    Buffers buf(TW_BACKEND_CUDA);
+    Dense x(c.m, c.d, c.type), y(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type);
+    x.fill(data.x);
+    wg.fill(data.wg);
+    wu.fill(data.wu);
+    wd.fill(data.wd);
+    y.poison();
+    const twDnMatDescr_t X = buf.input(x), Y = buf.output(y);
+    twFfnDescr_t ffn = nullptr;
+    TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, buf.input(wg), buf.input(wu), buf.input(wd)));
+    const int32_t fp8 = TW_COMPUTE_FP8_WEIGHTS;
+    TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_COMPUTE_MODE, &fp8, sizeof fp8));
+    size_t bytes = 0;
+    CHECK(twSpGEMMFused_bufferSize(h, ffn, X, Y, &bytes) == TW_STATUS_NOT_SUPPORTED);
+    CHECK(std::string(twGetErrorMessage(h)).find("TW_COMPUTE_FP8_WEIGHTS") != std::string::npos);
+    CHECK(twSpGEMMFused(h, ffn, X, Y, nullptr, buf.memory(1 << 20)) == TW_STATUS_NOT_SUPPORTED);
+    buf.fetch();
+    for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t k = 0; k < c.d; ++k) REQUIRE(std::isnan(y.get(i, k)));  // untouched (poisoned)
+    twDestroyFfn(ffn);
+}
+
 TEST_CASE("CUDA backend: host memory in a descriptor is INVALID_VALUE naming the argument", "[cuda][errors]") {
     // plain malloc'd memory would fault inside a kernel; the backend checks where a descriptor
     // meets it (once per argument set for the fused forward)

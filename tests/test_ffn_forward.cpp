@@ -508,4 +508,96 @@ TEST_CASE("twFfnUpdateWeights makes later forwards use the new weights", "[ffn][
             REQUIRE(f.y->get(r, c) == Approx(2.0 * twblas::load_value(before.data(), f.y->at(r, c), TW_R_32F)).margin(1e-6));
 }
 
+namespace {
+
+/// v to the nearest FP8 E4M3 value (ties to the even code, saturating at 448), from a table of
+/// every value: independent of the library's arithmetic rule.
+double e4m3_nearest(double v) {
+    static const std::vector<double> values = [] {
+        std::vector<double> t;  // codes 0..126 ascending: 0x00-0x07 subnormal, 0x7F is NaN
+        for (int e = 0; e < 16; ++e)
+            for (int m = 0; m < 8; ++m) {
+                if (e == 15 && m == 7) break;
+                t.push_back(e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10));
+            }
+        return t;
+    }();
+    const double a = std::min(std::fabs(v), values.back());
+    const size_t hi = static_cast<size_t>(std::lower_bound(values.begin(), values.end(), a) - values.begin());
+    size_t pick = hi;
+    if (hi > 0 && values[hi] != a) {
+        const double below = a - values[hi - 1], above = values[hi] - a;
+        pick = below < above ? hi - 1 : above < below ? hi : (hi % 2 == 0 ? hi : hi - 1);
+    }
+    return std::copysign(values[pick], v);
+}
+
+/// An H x D matrix's rows as TW_COMPUTE_FP8_WEIGHTS reads them (twblas.h).
+std::vector<float> fp8_rows(const std::vector<float> &w, int64_t h, int64_t d) {
+    std::vector<float> q(w.size());
+    for (int64_t j = 0; j < h; ++j) {
+        float amax = 0.0f;
+        for (int64_t k = 0; k < d; ++k) amax = std::max(amax, std::fabs(w[j * d + k]));
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        for (int64_t k = 0; k < d; ++k)
+            q[j * d + k] = static_cast<float>(e4m3_nearest(w[j * d + k] / scale)) * scale;
+    }
+    return q;
+}
+
+}  // namespace
+
+TEST_CASE("FP8 weights: e4m3 rows with per-row scales, the DEFAULT pattern, and the distance to DEFAULT",
+          "[ffn][forward][fp8]") {
+    for (const bool gated : {true, false})
+        for (const twDataType_t t : {TW_R_16BF, TW_R_16F}) {
+            DYNAMIC_SECTION((gated ? "gated " : "plain ") << (t == TW_R_16BF ? "bf16" : "fp16")) {
+                const auto s = spec(300, 96, 600, tt::Profile::Uniform, 12, gated, gated ? 61 : 62);
+                FfnFixture def(s, t), fp8(s, t);
+                fp8.set_mode(TW_COMPUTE_FP8_WEIGHTS);
+                def.run();
+                fp8.run();
+                twFfnStats_t sd{}, sf{};
+                TW_REQUIRE_OK(def.h, twFfnGetStats(def.h, def.ffn, &sd));
+                TW_REQUIRE_OK(fp8.h, twFfnGetStats(fp8.h, fp8.ffn, &sf));
+                CHECK(sf.meanRowNnz == sd.meanRowNnz);  // the gate, in the value type, picks the units
+                CHECK(sf.maxRowNnz == sd.maxRowNnz);
+                // against the naive FFN on FP8 rows (the gate's matrix kept): DEFAULT's bound
+                const auto &p = fp8.p;
+                const NaiveFfn want = naive_ffn(
+                    fp8.m, fp8.d, fp8.hd, rounded(p.x, t), gated ? rounded(p.w_gate, t) : std::vector<float>{},
+                    gated ? fp8_rows(rounded(p.w_up, t), fp8.hd, fp8.d) : rounded(p.w_up, t),
+                    fp8_rows(rounded(p.w_down, t), fp8.hd, fp8.d), &t);
+                const ErrorReport e = compare(fp8.y->to_double(), want.y, fp8.d);
+                INFO("against the FP8 oracle: " << e.rel << ", worst " << e.worst);
+                CHECK(e.rel < 4 * unit_roundoff(t));
+                // the distance to DEFAULT (normwise over Y; docs/api-guide.md states it)
+                const ErrorReport gap = compare(fp8.y->to_double(), def.y->to_double(), fp8.d);
+                INFO("FP8 against DEFAULT: " << gap.rel);
+                CHECK(gap.rel > 1e-3);  // the weights really are read as FP8
+                CHECK(gap.rel < 0.06);
+            }
+        }
+}
+
+TEST_CASE("FP8 weights: re-quantized after twFfnUpdateWeights; refused where they do not apply", "[ffn][forward][fp8]") {
+    const auto s = spec(40, 64, 300, tt::Profile::Uniform, 10, true, 63);
+    FfnFixture f(s, TW_R_16BF);
+    f.set_mode(TW_COMPUTE_FP8_WEIGHTS);
+    f.run();
+    const auto before = f.y->to_double();
+    // Wd x 2: each row's scale doubles and its FP8 codes stay, so Y doubles exactly
+    for (int64_t r = 0; r < f.hd; ++r)
+        for (int64_t c = 0; c < f.d; ++c) f.wd->set(r, c, 2.0f * f.wd->get(r, c));
+    TW_REQUIRE_OK(f.h, twFfnUpdateWeights(f.h, f.ffn, f.wg ? f.wg->d : nullptr, *f.wu, *f.wd));
+    f.run();
+    const auto after = f.y->to_double();
+    for (size_t i = 0; i < after.size(); ++i) REQUIRE(after[i] == 2.0 * before[i]);
+    // an inference mode: the training calls say NOT_SUPPORTED and name it
+    size_t bytes = 0;
+    CHECK(twSpGEMMFusedSaved_bufferSize(f.h, f.ffn, f.m, &bytes) == TW_STATUS_NOT_SUPPORTED);
+    CHECK(std::string(twGetErrorMessage(f.h)).find("TW_COMPUTE_FP8_WEIGHTS") != std::string::npos);
+    CHECK(twSpGEMMFusedBackward_bufferSize(f.h, f.ffn, f.m, &bytes) == TW_STATUS_NOT_SUPPORTED);
+}
+
 #endif  // !TWTEST_BACKEND_CUDA

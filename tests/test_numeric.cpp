@@ -22,6 +22,27 @@ TEST_CASE("bf16 conversion rounds to nearest even and keeps specials", "[numeric
     }
 }
 
+TEST_CASE("FP8 E4M3 rounding: nearest, ties to even, saturating, subnormals", "[numeric][fp8]") {
+    CHECK(round_to_e4m3(0.0f) == 0.0f);
+    CHECK(round_to_e4m3(1.0f) == 1.0f);
+    CHECK(round_to_e4m3(1.07f) == 1.125f);    // [1, 2) in steps of 1/8
+    CHECK(round_to_e4m3(1.0625f) == 1.0f);    // tie between 1 (even) and 1.125 (odd)
+    CHECK(round_to_e4m3(1.1875f) == 1.25f);   // tie between 1.125 (odd) and 1.25 (even)
+    CHECK(round_to_e4m3(-3.3f) == -3.25f);    // [2, 4) in steps of 1/4
+    CHECK(round_to_e4m3(232.0f) == 224.0f);   // tie between 224 (even) and 240 (odd)
+    CHECK(round_to_e4m3(240.0f) == 240.0f);
+    CHECK(round_to_e4m3(448.0f) == 448.0f);   // the largest finite value
+    CHECK(round_to_e4m3(500.0f) == 448.0f);   // saturates
+    CHECK(round_to_e4m3(-1e30f) == -448.0f);
+    CHECK(round_to_e4m3(INFINITY) == 448.0f);
+    const float sub = std::ldexp(1.0f, -9);   // the smallest subnormal
+    CHECK(round_to_e4m3(sub) == sub);
+    CHECK(round_to_e4m3(0.5f * sub) == 0.0f);         // tie between 0 (even) and 2^-9 (odd)
+    CHECK(round_to_e4m3(1.5f * sub) == 2.0f * sub);   // tie between 2^-9 (odd) and 2^-8 (even)
+    CHECK(round_to_e4m3(7.5f * sub) == std::ldexp(1.0f, -6));  // up to the smallest normal
+    CHECK(std::isnan(round_to_e4m3(NAN)));
+}
+
 TEST_CASE("fp16 conversion round-trips every pattern and rounds to nearest even", "[numeric]") {
     for (uint32_t b = 0; b < 0x10000; ++b) {
         const float f = fp16_to_float(static_cast<uint16_t>(b));

@@ -102,6 +102,20 @@ void require_l1_output(const twContext &ctx, const twFfnDescr &f, std::initializ
 }
 
 /// A saved-state pointer: present and aligned as a workspace (scratch_alignment).
+/// TW_COMPUTE_FP8_WEIGHTS is an inference mode: the training calls say so.
+void require_not_fp8(const twFfnDescr &f, const char *call) {
+    if (f.compute_mode == TW_COMPUTE_FP8_WEIGHTS)
+        fail(TW_STATUS_NOT_SUPPORTED, "ffn: TW_COMPUTE_FP8_WEIGHTS is for inference (twSpGEMMFused); %s needs "
+             "TW_COMPUTE_DEFAULT or TW_COMPUTE_HIGHEST_PRECISION", call);
+}
+
+/// TW_COMPUTE_FP8_WEIGHTS on a backend without it.
+void require_fp8_available(const twContext &ctx, const twFfnDescr &f) {
+    if (f.compute_mode == TW_COMPUTE_FP8_WEIGHTS && !ctx.impl->ffn_fp8_weights())
+        fail(TW_STATUS_NOT_SUPPORTED, "ffn: TW_COMPUTE_FP8_WEIGHTS is not implemented by this handle's backend yet "
+             "(the CPU reference has it)");
+}
+
 void require_saved(const twContext &ctx, const void *saved) {
     require_ptr(saved, "saved");
     require_aligned(saved, scratch_alignment(ctx), "saved",
@@ -197,8 +211,10 @@ twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, const void
                 f.compression = v;
                 break;
             case TW_FFN_ATTR_COMPUTE_MODE:
-                if (v != TW_COMPUTE_DEFAULT && v != TW_COMPUTE_HIGHEST_PRECISION)
+                if (v != TW_COMPUTE_DEFAULT && v != TW_COMPUTE_HIGHEST_PRECISION && v != TW_COMPUTE_FP8_WEIGHTS)
                     fail(TW_STATUS_INVALID_VALUE, "value: %d is not a twComputeMode_t", v);
+                if (v == TW_COMPUTE_FP8_WEIGHTS && f.type == TW_R_32F)
+                    fail(TW_STATUS_NOT_SUPPORTED, "value: TW_COMPUTE_FP8_WEIGHTS is for 16-bit FFNs; this one is fp32");
                 f.compute_mode = v;
                 break;
             case TW_FFN_ATTR_DETERMINISTIC:
@@ -244,6 +260,7 @@ twStatus_t twSpGEMMFused_bufferSize(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr
         twContext &ctx = get_handle(h);
         twFfnDescr &f = get_ffn(ffn, "ffn");
         require_same_backend(ctx, f, "ffn");
+        require_fp8_available(ctx, f);
         const twDnMatDescr &x = get_dn(X, "X");
         const twDnMatDescr &y = get_dn(Y, "Y");
         require_ptr(bytes, "bytes");
@@ -260,6 +277,7 @@ twStatus_t twSpGEMMFused(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t X, twDnM
         twContext &ctx = get_handle(h);
         twFfnDescr &f = get_ffn(ffn, "ffn");
         require_same_backend(ctx, f, "ffn");
+        require_fp8_available(ctx, f);
         const twDnMatDescr &x = get_dn(X, "X");
         const twDnMatDescr &y = get_dn(Y, "Y");
         check_activations(f, x, y);
@@ -323,6 +341,7 @@ twStatus_t twSpGEMMFusedSaved_bufferSize(twHandle_t h, twFfnDescr_t ffn, int64_t
         twContext &ctx = get_handle(h);
         twFfnDescr &f = get_ffn(ffn, "ffn");
         require_same_backend(ctx, f, "ffn");
+        require_not_fp8(f, "twSpGEMMFusedSaved_bufferSize");
         check_tokens(tokens, "tokens");
         require_ptr(bytes, "bytes");
         // no tokens: the training forward and the backward do not touch the saved state
@@ -337,6 +356,7 @@ twStatus_t twSpGEMMFusedForwardTrain(twHandle_t h, twFfnDescr_t ffn, twDnMatDesc
         twContext &ctx = get_handle(h);
         twFfnDescr &f = get_ffn(ffn, "ffn");
         require_same_backend(ctx, f, "ffn");
+        require_not_fp8(f, "twSpGEMMFusedForwardTrain");
         const twDnMatDescr &x = get_dn(X, "X");
         const twDnMatDescr &y = get_dn(Y, "Y");
         check_activations(f, x, y);
@@ -362,6 +382,7 @@ twStatus_t twSpGEMMFusedBackward_bufferSize(twHandle_t h, twFfnDescr_t ffn, int6
         twContext &ctx = get_handle(h);
         twFfnDescr &f = get_ffn(ffn, "ffn");
         require_same_backend(ctx, f, "ffn");
+        require_not_fp8(f, "twSpGEMMFusedBackward_bufferSize");
         check_tokens(tokens, "tokens");
         require_ptr(bytes, "bytes");
         // no tokens: the backward only writes zero weight gradients, without a workspace
@@ -377,6 +398,7 @@ twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t 
         twContext &ctx = get_handle(h);
         twFfnDescr &f = get_ffn(ffn, "ffn");
         require_same_backend(ctx, f, "ffn");
+        require_not_fp8(f, "twSpGEMMFusedBackward");
         const twDnMatDescr &x = get_dn(X, "X");
         const twDnMatDescr &dy = get_dn(dY, "dY");
         check_activations(f, x, dy, "dY");

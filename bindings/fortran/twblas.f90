@@ -82,6 +82,7 @@ module twblas
     ! ---- twComputeMode_t ----------------------------------------------------------------------
     integer(c_int), parameter, public :: TW_COMPUTE_DEFAULT = 0
     integer(c_int), parameter, public :: TW_COMPUTE_HIGHEST_PRECISION = 1
+    integer(c_int), parameter, public :: TW_COMPUTE_FP8_WEIGHTS = 2
 
     !> Content counts of a sparse matrix (twSpMatGetInfo).
     type, bind(c), public :: twSpMatInfo_t

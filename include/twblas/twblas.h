@@ -317,9 +317,20 @@ typedef enum {
 /** DEFAULT rounds g, u, h to the value type as dense PyTorch does; HIGHEST_PRECISION keeps
  *  every intermediate in fp32. Accumulation is fp32 or better in both. */
 typedef enum {
-    TW_COMPUTE_DEFAULT = 0,           /**< intermediates rounded as dense PyTorch does */
-    TW_COMPUTE_HIGHEST_PRECISION = 1  /**< fp32 intermediates */
+    TW_COMPUTE_DEFAULT = 0,            /**< intermediates rounded as dense PyTorch does */
+    TW_COMPUTE_HIGHEST_PRECISION = 1,  /**< fp32 intermediates */
+    TW_COMPUTE_FP8_WEIGHTS = 2         /**< opt-in, inference only: the sparse part's weights in FP8 */
 } twComputeMode_t;
+/** TW_COMPUTE_FP8_WEIGHTS: the rows of the units a token uses are read as FP8 E4M3 with one fp32
+ *  scale per row: for unit j and each of its rows w (Wu_j of a gated FFN, and Wd_j), s = max|w| /
+ *  448 (1 for a row of zeros) and w is used as e4m3(w / s) * s (round to nearest even,
+ *  saturating). The gate (Wg, or Wu of a plain ReLU FFN) keeps the value type, so the active
+ *  units are exactly DEFAULT's; g, u and h are rounded as in DEFAULT. Each weight changes by at
+ *  most 2^-4 of itself (or 2^-10 s below 2^-6 s), so y moves by a few per cent of its norm from
+ *  DEFAULT's (docs/api-guide.md gives the measured figures). 16-bit FFNs only (an fp32 FFN:
+ *  NOT_SUPPORTED from twFfnSetAttribute); twSpGEMMFused only (the training calls:
+ *  NOT_SUPPORTED); backends: the CPU reference now, CUDA NOT_SUPPORTED until its kernels land.
+ *  Never on by default. */
 /** Sets an attribute; size must be sizeof(int32_t), or sizeof(void *) for the pointer
  *  attributes (value points to the pointer). */
 TWBLAS_API twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr,

@@ -70,6 +70,8 @@ class Backend {
     virtual void ffn_update_weights(twFfnDescr &ffn, const twDnMatDescr *wg,
                                     const twDnMatDescr &wu, const twDnMatDescr &wd) = 0;
     virtual size_t ffn_forward_workspace(const twFfnDescr &ffn, int64_t tokens) = 0;
+    /// Whether ffn_forward implements TW_COMPUTE_FP8_WEIGHTS (the API refuses it otherwise).
+    virtual bool ffn_fp8_weights() const { return false; }
     virtual void ffn_forward(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
                              const twSpMatDescr *hidden, void *workspace) = 0;
     virtual twFfnStats_t ffn_stats(const twFfnDescr &ffn) = 0;

@@ -3,6 +3,8 @@
 // as in PyTorch and CUDA's __float2bfloat16_rn / __float2half_rn.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -89,6 +91,22 @@ inline float round_to(twDataType_t t, float v) {
         case TW_R_16F: return fp16_to_float(float_to_fp16(v));
         default: return bf16_to_float(float_to_bf16(v));
     }
+}
+
+/// fp32 rounded to the nearest FP8 E4M3 value (ties to even), saturating at +-448, the largest
+/// finite one (as CUDA's __NV_SATFINITE conversion); NaN stays NaN. Normal values carry 3
+/// mantissa bits (relative spacing 2^-3, so a rounding error up to 2^-4 relative); below 2^-6 the
+/// spacing is 2^-9 (subnormals).
+inline float round_to_e4m3(float v) {
+    if (std::isnan(v)) return v;
+    const float a = std::fabs(v);
+    if (a >= 448.0f) return std::copysign(448.0f, v);
+    int e2 = 0;
+    std::frexp(a, &e2);                               // a = m 2^e2, m in [0.5, 1)
+    const int e = std::max(e2 - 1, -6);               // the binade's exponent; subnormals share -6's spacing
+    const float step = std::ldexp(1.0f, e - 3);      // 3 mantissa bits
+    const float q = std::nearbyint(a / step) * step;  // a / step and the product are exact
+    return std::copysign(std::min(q, 448.0f), v);
 }
 
 /// 16-bit pattern of a value of 16-bit type t; the value must be representable (already rounded).

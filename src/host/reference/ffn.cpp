@@ -4,6 +4,7 @@
 // the value type, as a dense bf16 PyTorch FFN does; HIGHEST_PRECISION keeps them in fp32. A unit
 // is active for a token when its (rounded) g is non-zero and not negative (NaN stays active, as
 // torch.relu passes NaN). Sums over units run in ascending unit order: results are deterministic.
+// FP8_WEIGHTS rounds as DEFAULT and reads the up and down rows as FP8 (twblas.h gives the rule).
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -22,6 +23,11 @@ namespace {
 
 struct RefFfnState final : FfnState {
     RowMatrix wg, wu, wd;  // H x D fp32 (wg empty for plain ReLU); wd row j = unit j's down row
+    // TW_COMPUTE_FP8_WEIGHTS: the rows the sparse part reads (Wu of a gated FFN, Wd), quantized
+    // and scaled back, made by the first forward in that mode after the weights changed
+    std::mutex fp8_lock;
+    bool fp8_current = false;
+    RowMatrix wu_fp8, wd_fp8;
     // Shared by every forward on this FFN, from any thread and handle: `published` guards the
     // statistics and the neuron counts. A forward accumulates its own privately and publishes
     // them in one critical section (StatsAccumulator::publish), so the counts add up exactly and
@@ -32,6 +38,33 @@ struct RefFfnState final : FfnState {
 };
 
 RefFfnState &state_of(const twFfnDescr &ffn) { return static_cast<RefFfnState &>(*ffn.state); }
+
+/// Each row as FP8 E4M3 with one scale s = max|w| / 448 (1 for a row of zeros), scaled back.
+RowMatrix fp8_rows(const RowMatrix &w) {
+    RowMatrix q(w.rows(), w.cols());
+    for (Eigen::Index j = 0; j < w.rows(); ++j) {
+        float amax = 0.0f;
+        for (Eigen::Index k = 0; k < w.cols(); ++k) amax = std::max(amax, std::fabs(w(j, k)));
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        for (Eigen::Index k = 0; k < w.cols(); ++k) q(j, k) = round_to_e4m3(w(j, k) / scale) * scale;
+    }
+    return q;
+}
+
+/// The up and down rows the sparse part reads: the FFN's own, or (FP8_WEIGHTS) their FP8 form.
+struct SparseRows {
+    const RowMatrix &wu, &wd;
+};
+SparseRows sparse_rows(const twFfnDescr &ffn, RefFfnState &st) {
+    if (ffn.compute_mode != TW_COMPUTE_FP8_WEIGHTS) return {st.wu, st.wd};
+    std::lock_guard<std::mutex> lock(st.fp8_lock);
+    if (!st.fp8_current) {
+        if (ffn.gated()) st.wu_fp8 = fp8_rows(st.wu);  // a plain FFN's Wu is its gate: kept as it is
+        st.wd_fp8 = fp8_rows(st.wd);
+        st.fp8_current = true;
+    }
+    return {ffn.gated() ? st.wu_fp8 : st.wu, st.wd_fp8};
+}
 
 /// Active units of one token with their g, u and h (u unused for plain ReLU).
 struct RowActivity {
@@ -54,7 +87,7 @@ struct Numerics {
 Numerics numerics_of(const twFfnDescr &ffn) { return {ffn.type, ffn.compute_mode == TW_COMPUTE_HIGHEST_PRECISION}; }
 
 /// Activity of one token from its pre-activation row z (H values) and its input row x (D).
-void activity_from_preactivation(const twFfnDescr &ffn, const RefFfnState &st, const Numerics &num, const float *z,
+void activity_from_preactivation(const twFfnDescr &ffn, const SparseRows &w, const Numerics &num, const float *z,
                                  const float *x, RowActivity &out) {
     out.clear();
     const int64_t d = ffn.model_dim;
@@ -64,7 +97,7 @@ void activity_from_preactivation(const twFfnDescr &ffn, const RefFfnState &st, c
         out.cols.push_back(static_cast<int32_t>(j));
         out.g.push_back(g);
         if (ffn.gated()) {
-            const float *wu = st.wu.row(j).data();
+            const float *wu = w.wu.row(j).data();
             float u = 0.0f;
             for (int64_t k = 0; k < d; ++k) u += x[k] * wu[k];
             u = num.round(u);
@@ -78,11 +111,11 @@ void activity_from_preactivation(const twFfnDescr &ffn, const RefFfnState &st, c
 }
 
 /// y = sum_j h_j Wd[j, :] (D values) in fp32.
-void down_projection(const RefFfnState &st, const RowActivity &a, int64_t d, float *y) {
+void down_projection(const SparseRows &w, const RowActivity &a, int64_t d, float *y) {
     std::fill(y, y + d, 0.0f);
     for (size_t i = 0; i < a.cols.size(); ++i) {
         const float h = a.h[i];
-        const float *wd = st.wd.row(a.cols[i]).data();
+        const float *wd = w.wd.row(a.cols[i]).data();
         for (int64_t k = 0; k < d; ++k) y[k] += h * wd[k];
     }
 }
@@ -108,6 +141,7 @@ void forward_rows(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
     RefFfnState &st = state_of(ffn);
     const Numerics num = numerics_of(ffn);
     const RowMatrix &w_sparse = ffn.gated() ? st.wg : st.wu;  // the matrix whose ReLU makes the sparsity
+    const SparseRows rows_used = sparse_rows(ffn, st);
     std::vector<RowActivity> act(kRowBlock);
     const int64_t d = ffn.model_dim;
     for (int64_t r0 = 0; r0 < x.rows; r0 += kRowBlock) {
@@ -120,8 +154,8 @@ void forward_rows(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
             std::vector<float> yrow(static_cast<size_t>(d));
 #pragma omp for schedule(dynamic, 4)
             for (int64_t i = 0; i < rows; ++i) {
-                activity_from_preactivation(ffn, st, num, z.row(i).data(), xb.row(i).data(), act[i]);
-                down_projection(st, act[i], d, yrow.data());
+                activity_from_preactivation(ffn, rows_used, num, z.row(i).data(), xb.row(i).data(), act[i]);
+                down_projection(rows_used, act[i], d, yrow.data());
                 store_row(y, r0 + i, yrow.data());
             }
         }
@@ -229,6 +263,8 @@ void ReferenceBackend::ffn_update_weights(twFfnDescr &ffn, const twDnMatDescr *w
     st.wg.swap(g);
     st.wu.swap(u);
     st.wd.swap(d);
+    std::lock_guard<std::mutex> lock(st.fp8_lock);
+    st.fp8_current = false;
 }
 
 // ---- inference -----------------------------------------------------------------------------
@@ -355,7 +391,7 @@ void ReferenceBackend::ffn_backward(twFfnDescr &ffn, const twDnMatDescr &x, cons
                     for (int64_t k = 0; k < d; ++k) acc += xt[k] * w[k];
                     z[j] = acc;
                 }
-                activity_from_preactivation(ffn, st, num, z.data(), xt, a);
+                activity_from_preactivation(ffn, SparseRows{st.wu, st.wd}, num, z.data(), xt, a);
             } else {
                 a.clear();
                 const size_t at = static_cast<size_t>(t * kSavedEllWidth);

@@ -51,6 +51,7 @@ class ReferenceBackend final : public Backend {
                                          const twDnMatDescr &wd) override;
     void ffn_update_weights(twFfnDescr &ffn, const twDnMatDescr *wg, const twDnMatDescr &wu,
                             const twDnMatDescr &wd) override;
+    bool ffn_fp8_weights() const override { return true; }
     size_t ffn_forward_workspace(const twFfnDescr &ffn, int64_t tokens) override;
     void ffn_forward(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y, const twSpMatDescr *hidden,
                      void *workspace) override;
