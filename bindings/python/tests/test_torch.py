@@ -155,6 +155,23 @@ def test_module_from_dense_state_dict_and_stats(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_eager_inference_equals_the_op(device):
+    # eager inference skips the dispatcher; the op (autograd, torch.compile) must give the same
+    # bits, also for new tensors that reuse the address and shape of freed ones (cached descriptors)
+    torch.manual_seed(8)
+    dense = DenseMLP(24, 64, True, device=device)
+    w = _weights(dense)
+    for seed in range(3):
+        x = torch.randn(5, 24, device=device, generator=torch.Generator(device).manual_seed(seed))
+        with torch.no_grad():
+            y, l1 = sparse_ffn(x, *w)
+            y_op, l1_op, _ = torch.ops.twblas.ffn_forward(x, *w, False, False)
+            assert torch.equal(y, y_op) and torch.equal(l1, l1_op)
+            assert _rel(y, dense(x)[0]) < 1e-5
+        del x, y, y_op
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_neuron_counts(device):
     # each unit's count is the number of tokens whose gate is above zero, summed over forwards
     torch.manual_seed(6)

@@ -17,12 +17,16 @@ z and u kept), or it recomputes every row. Calls on one descriptor are serialise
 (they set its pointer attributes per call). It is refreshed (twFfnUpdateWeights, ordered on
 torch's current stream, no host wait) when a weight tensor's version changes, so an optimizer step
 needs nothing from the user.
+Per call the binding reuses what it can: dense descriptors (a per-thread cache keyed by address,
+shape and type), _bufferSize answers (memoised per FFN descriptor), and eager inference skips
+PyTorch's op dispatcher (autograd and torch.compile go through the custom op).
 Nothing is read back per call: the forward writes l1 straight into its tensor
 (TW_FFN_ATTR_L1_OUTPUT) and the backward reads l1's gradient from its tensor
 (TW_FFN_ATTR_L1_COEFF_POINTER), both in stream order. SparseMLP.stats() reads the statistics
 with twFfnGetStats, which synchronises.
 """
 
+import collections
 import contextlib
 import ctypes
 import threading
@@ -86,24 +90,52 @@ class _DnMat(_Owned):
 
     _destroy = "twDestroyDnMat"
 
-    def __init__(self, t: Tensor, rows: int, cols: int, ld: int, order: int):
+    def __init__(self, t: Optional[Tensor], rows: int, cols: int, ld: int, order: int,
+                 data: Optional[int] = None, dtype: Optional[torch.dtype] = None):
         super().__init__()
         self.tensor = t
-        data = ctypes.c_void_p(t.data_ptr() if t.numel() > 0 else None)
-        C.check(C.lib().twCreateDnMat(ctypes.byref(self.ptr), rows, cols, ld, data, _DTYPES[t.dtype], order),
-                None, "twCreateDnMat")
+        if t is not None:
+            data, dtype = (t.data_ptr() if t.numel() > 0 else None), t.dtype
+        C.check(C.lib().twCreateDnMat(ctypes.byref(self.ptr), rows, cols, ld, ctypes.c_void_p(data), _DTYPES[dtype],
+                                      order), None, "twCreateDnMat")
+
+    @staticmethod
+    def _layout_rows(t: Tensor):
+        return t.shape[0], t.shape[1], max(1, t.stride(0)) if t.shape[0] > 0 else max(1, t.shape[1]), C.ORDER_ROW
+
+    @staticmethod
+    def _layout_down(t: Tensor):
+        d, h = t.shape
+        return h, d, max(1, t.stride(0)), C.ORDER_COL
 
     @staticmethod
     def rows_of(t: Tensor) -> "_DnMat":
         """A row-major (M, N) tensor with unit column stride."""
-        return _DnMat(t, t.shape[0], t.shape[1], max(1, t.stride(0)) if t.shape[0] > 0 else max(1, t.shape[1]),
-                      C.ORDER_ROW)
+        return _DnMat(t, *_DnMat._layout_rows(t))
 
     @staticmethod
     def down_of(t: Tensor) -> "_DnMat":
         """nn.Linear's down_proj.weight (D, H) row-major: the C API's H x D column-major Wd."""
-        d, h = t.shape
-        return _DnMat(t, h, d, max(1, t.stride(0)), C.ORDER_COL)
+        return _DnMat(t, *_DnMat._layout_down(t))
+
+
+def _described(t: Tensor, down: bool = False) -> int:
+    """The address of a dense descriptor of `t` (rows_of, or down_of with `down`) for one call,
+    from this thread's cache: a descriptor is only an address, a shape and a type (it holds no
+    tensor), so one made for earlier memory at the same address serves again (twCreateDnMat and
+    twDestroyDnMat cost ~5 us a pair through ctypes, and a call needs up to seven)."""
+    rows, cols, ld, order = _DnMat._layout_down(t) if down else _DnMat._layout_rows(t)
+    data = t.data_ptr() if t.numel() > 0 else None
+    key = (data, rows, cols, ld, order, t.dtype)
+    cache = _state.descriptors
+    d = cache.get(key)
+    if d is None:
+        d = cache[key] = _DnMat(None, rows, cols, ld, order, data=data, dtype=t.dtype)
+        if len(cache) > _MAX_DESCRIPTORS:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return d.ptr
 
 
 
@@ -125,6 +157,25 @@ class _Ffn(_Owned):
         C.check(C.lib().twCreateFfn(h, ctypes.byref(self.ptr), kind, self._p(0), self._p(1), self._p(2)), h,
                 "twCreateFfn")
         self.stats = C.FfnStats()
+        self.save_dense = False  # TW_FFN_ATTR_SAVE_DENSE as last set
+        self.sizes = {}  # memoised _bufferSize answers (sized)
+
+    def sized(self, key, query) -> int:
+        """A _bufferSize answer, memoised by `key`: everything it depends on (the call, the token
+        count, the layouts, the attributes)."""
+        n = self.sizes.get(key)
+        if n is None:
+            if len(self.sizes) >= 1024:  # serving sees many token counts
+                self.sizes.clear()
+            n = self.sizes[key] = query()
+        return n
+
+    def set_save_dense(self, on: bool):
+        if on != self.save_dense:
+            flag = ctypes.c_int32(1 if on else 0)
+            C.check(C.lib().twFfnSetAttribute(self.ptr, C.FFN_ATTR_SAVE_DENSE, ctypes.byref(flag), 4), None,
+                    "twFfnSetAttribute")
+            self.save_dense = on
 
     def _p(self, i):
         return self.descr[i].ptr if self.descr[i] is not None else None
@@ -169,6 +220,9 @@ class _Ffn(_Owned):
 class _ThreadState(threading.local):
     def __init__(self):
         self.handles = {}  # device -> _Handle (the C API: a handle is used by one thread at a time)
+        # (address, rows, cols, ld, order, dtype) -> _DnMat without a tensor, least recently used
+        # first; per thread, so that no other thread destroys one while a call reads it
+        self.descriptors = collections.OrderedDict()
 
 
 _state = _ThreadState()
@@ -176,6 +230,7 @@ _state = _ThreadState()
 _ffns = {}
 _ffns_lock = threading.Lock()
 _MAX_FFNS = 64  # FFN descriptors kept (each holds a packed copy of its weights)
+_MAX_DESCRIPTORS = 256  # dense descriptors kept per thread
 
 
 def _handle(device: torch.device) -> _Handle:
@@ -248,9 +303,8 @@ def _weights(w_gate, w_up, w_down):
 # the custom ops
 
 
-@torch.library.custom_op("twblas::ffn_forward", mutates_args=())
-def _ffn_forward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
-                 training: bool, save_dense: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _forward_impl(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
+                  training: bool, save_dense: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(y, l1, saved): saved is the C API's saved state (bytes) when `training`, else empty;
     `save_dense` sets TW_FFN_ATTR_SAVE_DENSE before it is sized."""
     handle = _handle(x.device)
@@ -270,27 +324,31 @@ def _forward_call(handle: _Handle, ffn: _Ffn, x: Tensor, y: Tensor, l1: Tensor, 
     m = x.shape[0]
     saved = torch.empty(0, dtype=torch.uint8, device=x.device)
     h = handle.on_current_stream()
-    xd, yd = _DnMat.rows_of(x), _DnMat.rows_of(y)
-    nbytes = ctypes.c_size_t()
-    C.check(C.lib().twSpGEMMFused_bufferSize(h, ffn.ptr, xd.ptr, yd.ptr, ctypes.byref(nbytes)), h,
-            "twSpGEMMFused_bufferSize")
-    work = _workspace(nbytes.value, x.device)
+    xd, yd = _described(x), _described(y)
     if training:
-        flag = ctypes.c_int32(1 if save_dense else 0)
-        C.check(C.lib().twFfnSetAttribute(ffn.ptr, C.FFN_ATTR_SAVE_DENSE, ctypes.byref(flag), 4), None,
-                "twFfnSetAttribute")
-        sbytes = ctypes.c_size_t()
-        C.check(C.lib().twSpGEMMFusedSaved_bufferSize(h, ffn.ptr, m, ctypes.byref(sbytes)), h,
-                "twSpGEMMFusedSaved_bufferSize")
-        saved = _workspace(sbytes.value, x.device)
+        ffn.set_save_dense(save_dense)
+
+    def query(fn, *args):
+        n = ctypes.c_size_t()
+        C.check(getattr(C.lib(), fn)(h, ffn.ptr, *args, ctypes.byref(n)), h, fn)
+        return n.value
+
+    work = _workspace(ffn.sized(("forward", m, x.stride(0), y.stride(0), ffn.save_dense),
+                                lambda: query("twSpGEMMFused_bufferSize", xd, yd)), x.device)
+    if training:
+        saved = _workspace(ffn.sized(("saved", m, ffn.save_dense), lambda: query("twSpGEMMFusedSaved_bufferSize", m)),
+                           x.device)
         with ffn.pointing(C.FFN_ATTR_L1_OUTPUT, l1):
-            C.check(C.lib().twSpGEMMFusedForwardTrain(h, ffn.ptr, xd.ptr, yd.ptr, ctypes.c_void_p(saved.data_ptr()),
+            C.check(C.lib().twSpGEMMFusedForwardTrain(h, ffn.ptr, xd, yd, ctypes.c_void_p(saved.data_ptr()),
                                                       ctypes.c_void_p(work.data_ptr())), h, "twSpGEMMFusedForwardTrain")
     else:
         with ffn.pointing(C.FFN_ATTR_L1_OUTPUT, l1):
-            C.check(C.lib().twSpGEMMFused(h, ffn.ptr, xd.ptr, yd.ptr, None, ctypes.c_void_p(work.data_ptr())), h,
+            C.check(C.lib().twSpGEMMFused(h, ffn.ptr, xd, yd, None, ctypes.c_void_p(work.data_ptr())), h,
                     "twSpGEMMFused")
     return saved
+
+
+_ffn_forward = torch.library.custom_op("twblas::ffn_forward", mutates_args=())(_forward_impl)
 
 
 @_ffn_forward.register_fake
@@ -317,20 +375,24 @@ def _ffn_backward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Ten
     dwu, dwd = torch.empty_like(w_up), torch.empty_like(w_down)
     dwg = torch.empty_like(w_gate) if w_gate is not None else torch.empty(0, dtype=x.dtype, device=x.device)
     m = x.shape[0]
-    xd, dyd, dxd = _DnMat.rows_of(x), _DnMat.rows_of(dy), _DnMat.rows_of(dx)
-    dwgd = _DnMat.rows_of(dwg) if w_gate is not None else None
-    dwud, dwdd = _DnMat.rows_of(dwu), _DnMat.down_of(dwd)
+    xd, dyd, dxd = _described(x), _described(dy), _described(dx)
+    dwgd = _described(dwg) if w_gate is not None else None
+    dwud, dwdd = _described(dwu), _described(dwd, down=True)
     # the forward's descriptor, also when autograd runs this on a thread of its own
     with _using_ffn(handle, ws) as ffn:
         h = handle.on_current_stream()
-        nbytes = ctypes.c_size_t()
-        C.check(C.lib().twSpGEMMFusedBackward_bufferSize(h, ffn.ptr, m, ctypes.byref(nbytes)), h,
-                "twSpGEMMFusedBackward_bufferSize")
-        work = _workspace(nbytes.value, x.device)
+
+        def query():
+            n = ctypes.c_size_t()
+            C.check(C.lib().twSpGEMMFusedBackward_bufferSize(h, ffn.ptr, m, ctypes.byref(n)), h,
+                    "twSpGEMMFusedBackward_bufferSize")
+            return n.value
+
+        work = _workspace(ffn.sized(("backward", m, ffn.save_dense), query), x.device)
         with ffn.pointing(C.FFN_ATTR_L1_COEFF_POINTER, coeff):  # the l1Coeff argument (0) is then ignored
-            C.check(C.lib().twSpGEMMFusedBackward(h, ffn.ptr, xd.ptr, ctypes.c_void_p(saved.data_ptr() if m else None),
-                                                  dyd.ptr, 0.0, dxd.ptr, dwgd.ptr if dwgd else None, dwud.ptr,
-                                                  dwdd.ptr, ctypes.c_void_p(work.data_ptr())), h,
+            C.check(C.lib().twSpGEMMFusedBackward(h, ffn.ptr, xd, ctypes.c_void_p(saved.data_ptr() if m else None),
+                                                  dyd, 0.0, dxd, dwgd, dwud,
+                                                  dwdd, ctypes.c_void_p(work.data_ptr())), h,
                     "twSpGEMMFusedBackward")
     return [dx, dwu, dwd, dwg]
 
@@ -365,6 +427,12 @@ torch.library.register_autograd("twblas::ffn_forward", _backward, setup_context=
 # the public interface
 
 
+def _eager(*tensors) -> bool:
+    """Plain tensors outside torch.compile (no fake or functional tensors, no other subclass)."""
+    return not torch.compiler.is_compiling() and all(
+        t is None or type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+
+
 def sparse_ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
                save_dense: bool = False) -> Tuple[Tensor, Tensor]:
     """y = (ReLU(x w_gate^T) * (x w_up^T)) w_down^T, or ReLU(x w_up^T) w_down^T with w_gate None;
@@ -379,7 +447,12 @@ def sparse_ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor
     x2 = x.reshape(-1, shape[-1]).contiguous()
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down))
-    y, l1, _ = _ffn_forward(x2, w_gate, w_up, w_down, training, save_dense)
+    if not training and _eager(x2, w_gate, w_up, w_down):
+        # eager inference needs neither autograd nor tracing: the op's implementation without the
+        # dispatcher, which costs more host time than the C call at a few tokens
+        y, l1, _ = _forward_impl(x2, w_gate, w_up, w_down, False, save_dense)
+    else:
+        y, l1, _ = _ffn_forward(x2, w_gate, w_up, w_down, training, save_dense)
     return y.reshape(shape), l1
 
 
