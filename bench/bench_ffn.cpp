@@ -28,7 +28,7 @@
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
 //   twblas-bench [--suite=full|profiles|decode|train|eager|serving|serving-paper|serving-llama|
-//                         crossover|conversions|smoke]
+//                         crossover|conversions|fp8|smoke]
 //                [Google Benchmark flags]
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
@@ -41,6 +41,8 @@
 // (bench_conversions.cpp): twblas's dense <-> TwELL / hybrid conversions, validate, info and the
 // hybrid transpose against cuSPARSE's dense <-> CSR on the FFN hidden activation (uniform-29 and
 // llm-29, M = 4096, 16384, 65536), host time per call sequence, with the copy bandwidth first.
+// Suite fp8: twblas_fp8 (TW_COMPUTE_FP8_WEIGHTS) next to twblas, dense and the gate GEMM at the
+// paper's shape, M = 64 to 65536, and heavy-29 / llm-29 at 16384; groups from M = 64 carry it too.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -83,6 +85,11 @@ void register_suite(const std::string &suite) {
     if (suite == "conversions") {  // issue 15: conversions against cuSPARSE; the copy bandwidth first
         register_copy();
         register_conversions();
+        return;
+    }
+    if (suite == "fp8") {  // issue 12: TW_COMPUTE_FP8_WEIGHTS next to DEFAULT, dense and the gate GEMM
+        register_group(paper, "uniform-29", {64, 512, 4096, 16384, 65536}, false, false);
+        for (const char *prof : {"heavy-29", "llm-29"}) register_group(paper, prof, {16384}, false, false);
         return;
     }
     if (suite == "crossover") {  // the two-pass crossover (heuristics::kTwoPassMinTokens), M = 128 to 1024

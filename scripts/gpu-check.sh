@@ -49,11 +49,11 @@ if [[ $stages == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
   t="$build/tests/test_cuda_backend"
   compute-sanitizer --tool memcheck --error-exitcode 1 "$t" >"$out/memcheck.log" 2>&1
   rc=$?; record "memcheck test_cuda_backend" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/memcheck.log"
-  # racecheck on the shared-memory users: heavy rows, serving sizes, determinism, graphs, building blocks
+  # racecheck on the shared-memory users: heavy rows, serving sizes, FP8 weights, determinism, graphs, building blocks
   # (cuBLAS's own nvjet kernels, which the serving sizes call, report hazards of their own: only
   # hazards in twblas's kernels, or a failed test, fail this step)
   compute-sanitizer --tool racecheck "$t" \
-    "forward: heavy rows*,forward: serving*,CUDA FFN: heavy rows*,forward: deterministic*,CUDA FFN: graph capture*,building blocks:*" \
+    "forward: heavy rows*,forward: serving*,CUDA FFN: heavy rows*,CUDA FFN: TW_COMPUTE_FP8*,forward: deterministic*,CUDA FFN: graph capture*,building blocks:*" \
     >"$out/racecheck.log" 2>&1
   rc=$?
   if [ $rc -eq 0 ] && grep -A1 "Race reported" "$out/racecheck.log" | grep -q "twblas::"; then rc=1; fi

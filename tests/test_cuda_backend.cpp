@@ -239,12 +239,16 @@ TEST_CASE("CUDA FFN: a replayed call follows new buffers and attributes", "[cuda
 
 TEST_CASE("CUDA FFN: twFfnUpdateWeights is ordered on the handle's stream and can be captured", "[cuda][ffn]") {
     // the new weights are written, re-read and used on one stream with no host wait in between,
-    // eagerly and inside a captured graph (a blocking update could not be captured)
+    // eagerly and inside a captured graph (a blocking update could not be captured); with FP8
+    // weights the forward after each update quantizes the new rows first (inside the capture too)
+    const twComputeMode_t mode = GENERATE(TW_COMPUTE_DEFAULT, TW_COMPUTE_FP8_WEIGHTS);
+    INFO("mode " << mode);
     FfnCase c;
     c.m = 40;
     c.d = 96;
     c.h = 500;
     c.deterministic = 1;
+    c.mode = mode;
     const FfnData data = make_data(c);
     FfnData doubled = data;  // Wd x 2: exact in bf16
     for (float &v : doubled.wd) v *= 2.0f;
@@ -278,6 +282,8 @@ TEST_CASE("CUDA FFN: twFfnUpdateWeights is ordered on the handle's stream and ca
     twFfnDescr_t ffn = nullptr;
     TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, WG, WU, WD));
     TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_DETERMINISTIC, &c.deterministic, sizeof c.deterministic));
+    const int32_t mode_value = mode;
+    TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_COMPUTE_MODE, &mode_value, sizeof mode_value));
     size_t ws_bytes = 0;
     TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y1, &ws_bytes));
     void *ws = buf.memory(ws_bytes);
@@ -316,31 +322,39 @@ TEST_CASE("CUDA FFN: twFfnUpdateWeights is ordered on the handle's stream and ca
     twDestroyFfn(ffn);
 }
 
-TEST_CASE("CUDA FFN: TW_COMPUTE_FP8_WEIGHTS is NOT_SUPPORTED until its kernels land", "[cuda][errors]") {
-    // never computed as if it were DEFAULT: the forward and its size query refuse it, naming it
-    FfnCase c;
-    const FfnData data = make_data(c);
-    Handle h(TW_BACKEND_CUDA);
-    Buffers buf(TW_BACKEND_CUDA);
-    Dense x(c.m, c.d, c.type), y(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type);
-    x.fill(data.x);
-    wg.fill(data.wg);
-    wu.fill(data.wu);
-    wd.fill(data.wd);
-    y.poison();
-    const twDnMatDescr_t X = buf.input(x), Y = buf.output(y);
-    twFfnDescr_t ffn = nullptr;
-    TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, buf.input(wg), buf.input(wu), buf.input(wd)));
-    const int32_t fp8 = TW_COMPUTE_FP8_WEIGHTS;
-    TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_COMPUTE_MODE, &fp8, sizeof fp8));
-    size_t bytes = 0;
-    CHECK(twSpGEMMFused_bufferSize(h, ffn, X, Y, &bytes) == TW_STATUS_NOT_SUPPORTED);
-    CHECK(std::string(twGetErrorMessage(h)).find("TW_COMPUTE_FP8_WEIGHTS") != std::string::npos);
-    CHECK(twSpGEMMFused(h, ffn, X, Y, nullptr, buf.memory(1 << 20)) == TW_STATUS_NOT_SUPPORTED);
-    buf.fetch();
-    for (int64_t i = 0; i < c.m; ++i)
-        for (int64_t k = 0; k < c.d; ++k) REQUIRE(std::isnan(y.get(i, k)));  // untouched (poisoned)
-    twDestroyFfn(ffn);
+TEST_CASE("CUDA FFN: TW_COMPUTE_FP8_WEIGHTS against the reference's FP8 forward", "[cuda][ffn][fp8]") {
+    // one token (the serving sizes go through the two-pass kernels in this mode), a few, and the
+    // masked gate GEMM's sizes; H and D off every tile; heavy and llm rows through the FP8 form
+    // of the dense path; hidden outputs from the h the kernels leave in the gate buffer
+    uint64_t seed = 70;
+    for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})
+        for (twDataType_t t : {TW_R_16BF, TW_R_16F})
+            for (bool gated : {true, false})
+                for (int64_t m : {1, 37, 600}) {
+                    FfnCase c;
+                    c.profile = profile;
+                    c.type = t;
+                    c.mode = TW_COMPUTE_FP8_WEIGHTS;
+                    c.gated = gated;
+                    c.m = m;
+                    c.d = gated ? 264 : 100;
+                    c.h = 1001;
+                    c.x_pad = m == 37 ? 8 : 0;
+                    c.hidden = m == 600 ? (profile == tt::Profile::Heavy ? 2 : 1) : 0;
+                    c.seed = ++seed;
+                    const FfnData data = make_data(c);
+                    const FfnResult got = run_ffn(c, data, TW_BACKEND_CUDA);
+                    check_forward(c, got, expected_forward(c, data));
+                    // the bound above (8 u) is near FP8's own distance from DEFAULT: show that
+                    // these are FP8's results, closer to the reference's FP8 than to DEFAULT
+                    FfnCase def = c;
+                    def.mode = TW_COMPUTE_DEFAULT;
+                    const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU), dflt = run_ffn(def, data, TW_BACKEND_CUDA);
+                    const double to_fp8 = compare(got.y, cpu.y, c.d).rel, to_default = compare(got.y, dflt.y, c.d).rel;
+                    INFO(describe(c) << ": from the reference's FP8 " << to_fp8 << ", from DEFAULT " << to_default);
+                    CHECK(to_default > 1e-3);
+                    CHECK(to_fp8 < 0.25 * to_default);
+                }
 }
 
 TEST_CASE("CUDA backend: host memory in a descriptor is INVALID_VALUE naming the argument", "[cuda][errors]") {

@@ -215,6 +215,7 @@ twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, const void
                     fail(TW_STATUS_INVALID_VALUE, "value: %d is not a twComputeMode_t", v);
                 if (v == TW_COMPUTE_FP8_WEIGHTS && f.type == TW_R_32F)
                     fail(TW_STATUS_NOT_SUPPORTED, "value: TW_COMPUTE_FP8_WEIGHTS is for 16-bit FFNs; this one is fp32");
+                if (f.state) f.state->prepare_compute_mode(v);
                 f.compute_mode = v;
                 break;
             case TW_FFN_ATTR_DETERMINISTIC:

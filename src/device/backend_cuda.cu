@@ -150,6 +150,7 @@ class CudaBackend final : public Backend {
         // drained the GPU's queue each time
         cuda::ffn_repack_weights(stream(), cuda::state_of(ffn), cuda::problem_of(ffn, 0), wg, wu, wd, /*wait=*/false);
     }
+    bool ffn_fp8_weights() const override { return true; }
     size_t ffn_forward_workspace(const twFfnDescr &ffn, int64_t tokens) override {
         size_t bytes = 0;
         cuda::carve_ffn_scratch(nullptr, cuda::problem_of(ffn, tokens), &bytes);

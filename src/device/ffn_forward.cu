@@ -59,17 +59,19 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
     const bool gathers = !st.dense_mode || p.deterministic ||
                          heuristics::gathers_pay_in_dense_mode(st.mean_active, p.m, p.h);
     // serving: x rows go straight into the MMA fragments, so they must start on 16 bytes
-    path.serve = !training && gathers && heuristics::serve_applies(p) && rows_aligned16(matrix_arg(x));
-    path.decode = !training && gathers && !path.serve && heuristics::decode_applies(p);
+    // FP8 weights: the two-pass kernels over every row (the other paths read the 16-bit rows)
+    const bool rows_16bit = !p.fp8;
+    path.serve = !training && rows_16bit && gathers && heuristics::serve_applies(p) && rows_aligned16(matrix_arg(x));
+    path.decode = !training && rows_16bit && gathers && !path.serve && heuristics::decode_applies(p);
     // deterministic mode never switches (bits would depend on history); fp32 intermediates have
     // no cuBLAS form here, so they stay sparse too
-    const bool cublas = !p.deterministic && p.cublas_ok() && p.m > 0;
+    const bool cublas = !p.deterministic && p.cublas_ok() && rows_16bit && p.m > 0;
     path.dense_mode = !path.serve && !path.decode && cublas && st.dense_mode && y.order == TW_ORDER_ROW && y.ld % 8 == 0;
     path.masked_gate = !path.serve && !path.decode && !path.dense_mode && st.masked_gate && p.cublas_ok() &&
                        p.m >= heuristics::kMaskedGateMinTokens && x.order == TW_ORDER_ROW &&
                        // X and the weights decide; the workspace carver puts the gate on 16 bytes
                        masked_gate_gemm_fits(p.type, masked_gate_operands(st, p, x, FfnScratch{}));
-    path.two_pass = training || heuristics::two_pass_applies(p);
+    path.two_pass = training || p.fp8 || heuristics::two_pass_applies(p);
     path.cublas_rows = !path.serve && !path.decode && !path.dense_mode && cublas
                            ? heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m)
                            : 0;
@@ -298,27 +300,61 @@ void launch_fused(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w,
     }
 }
 
+template <class T, bool FP8>
+void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const FwdArgs<T> &a, int ell) {
+    constexpr int E = Chunk<T>::n;
+    // x_t in shared memory: at most 8192 x 2 or 4096 x 4 bytes (max_model_dim), under 48 KB
+    const size_t smem = p.gated ? static_cast<size_t>(p.dp) * sizeof(T) : 0;
+    fwd_u<T, FP8><<<static_cast<unsigned>(p.m), 32 * kFwdUWarps, smem, stream>>>(a);
+    check_launch("fwd_u");
+    const dim3 grid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.dp, int64_t{kFwdYThreads} * E)));
+    const size_t list_smem = static_cast<size_t>(ell) * (sizeof(int64_t) + sizeof(float));
+    // over 48 KB only for lists of more than 4096 units (H beyond ~34000 at the default tile)
+    if (list_smem > 48 * 1024)
+        check(cudaFuncSetAttribute(fwd_y<T, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(list_smem)),
+              "cudaFuncSetAttribute");
+    fwd_y<T, FP8><<<grid, kFwdYThreads, list_smem, stream>>>(a);
+    check_launch("fwd_y");
+}
+
 /// The sparse rows in two passes: u and h per active unit (saved as g and u in training, else h
 /// over the gate value), then y by column slices.
 template <class T>
 void launch_two_pass(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
                      const MatrixArg &y, const FfnScratch &s) {
-    constexpr int E = Chunk<T>::n;
     FwdArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr), y.rs,
                  y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, p.h,
-                 s.gate, s.ldg, p.gate_f32(), p.gated, p.highest, s.idx, s.count, s.cap, s.save_g, s.save_u, s.row_l1};
-    // x_t in shared memory: at most 8192 x 2 or 4096 x 4 bytes (max_model_dim), under 48 KB
-    const size_t smem = p.gated ? static_cast<size_t>(p.dp) * sizeof(T) : 0;
-    fwd_u<T><<<static_cast<unsigned>(p.m), 32 * kFwdUWarps, smem, stream>>>(a);
-    check_launch("fwd_u");
-    const dim3 grid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.dp, int64_t{kFwdYThreads} * E)));
-    const size_t list_smem = static_cast<size_t>(s.cap) * (sizeof(int64_t) + sizeof(float));
-    // over 48 KB only for lists of more than 4096 units (H beyond ~34000 at the default tile)
-    if (list_smem > 48 * 1024)
-        check(cudaFuncSetAttribute(fwd_y<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(list_smem)),
-              "cudaFuncSetAttribute");
-    fwd_y<T><<<grid, kFwdYThreads, list_smem, stream>>>(a);
-    check_launch("fwd_y");
+                 s.gate, s.ldg, p.gate_f32(), p.gated, p.highest, s.idx, s.count, s.cap, s.save_g, s.save_u, s.row_l1,
+                 w.fp8, s.dense_rows, s.dense_count};
+    if constexpr (std::is_same_v<T, float>) {
+        launch_two_pass_kernels<T, false>(stream, p, a, s.cap);
+    } else {
+        if (p.fp8)
+            launch_two_pass_kernels<T, true>(stream, p, a, s.cap);
+        else
+            launch_two_pass_kernels<T, false>(stream, p, a, s.cap);
+    }
+}
+
+/// FP8: the rows of the dense list through the two-pass kernels' dense-row forms (a grid bound of
+/// two blocks per SM: the list's length is known on the device only).
+template <class T>
+void launch_fp8_dense_rows(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const FfnWeights &w,
+                           const MatrixArg &x, const MatrixArg &y, const FfnScratch &s) {
+    if (p.m == 0) return;
+    const FwdArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr),
+                       y.rs, y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d,
+                       p.m, p.h, s.gate, s.ldg, false, p.gated, false, s.idx, s.count, s.cap, nullptr, nullptr,
+                       s.row_l1, w.fp8, s.dense_rows, s.dense_count};
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(p.m, 2 * st.sm_count));
+    if (p.gated) {
+        fwd_u_dense_rows<T><<<blocks, 32 * kDenseRowWarps, static_cast<size_t>(p.dp) * sizeof(T), stream>>>(a);
+        check_launch("fwd_u_dense_rows");
+    }
+    fwd_y_dense_rows<T><<<dim3(blocks, static_cast<unsigned>(ceil_div(p.dp, int64_t{256}))), 32 * kDenseRowWarps, 0,
+                          stream>>>(a);
+    check_launch("fwd_y_dense_rows");
 }
 
 /// The rows of the dense list from position `first` on, through the gathered GEMM: u (gated)
@@ -452,7 +488,10 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
         launch_two_pass<T>(stream, p, w, xa, ya, s);
     else
         launch_fused<T>(stream, p, w, xa, ya, s, hidden != nullptr);
-    launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
+    if constexpr (!std::is_same_v<T, float>) {
+        if (p.fp8) launch_fp8_dense_rows<T>(stream, st, p, w, xa, ya, s);
+    }
+    if (!p.fp8) launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
     launch_finish<T>(stream, st, p, s, true, path.cublas_rows, hidden,
                      path.masked_gate ? ActiveMask{s.unit_masks, s.unit_words} : ActiveMask{});
 }
@@ -503,7 +542,7 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
 CallKey inference_key(const FfnProblem &p, const ForwardPath &path, const twDnMatDescr &x, const twDnMatDescr &y,
                       const twSpMatDescr *hidden, const void *workspace) {
     CallKey k;
-    k.add(p.m).add(p.highest).add(p.deterministic).add(p.tile).add(p.slots);
+    k.add(p.m).add(p.highest).add(p.fp8).add(p.deterministic).add(p.tile).add(p.slots);
     k.add(path.serve).add(path.decode).add(path.dense_mode).add(path.masked_gate).add(path.two_pass).add(path.cublas_rows);
     for (const twDnMatDescr *d : {&x, &y}) k.add(d->values).add(d->ld).add(d->order);
     k.add(workspace).add(hidden);
@@ -523,6 +562,13 @@ void ffn_forward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr 
     const FfnProblem p = problem_of(ffn, x.rows);
     std::lock_guard<std::mutex> lock(st.mutex);
     absorb_feedback(st);
+    if (p.fp8 && !st.fp8_q.get()) fail(TW_STATUS_INTERNAL_ERROR, "FP8 forward without the FP8 copy's memory");
+    if (p.fp8 && st.fp8_stale) {
+        // outside the captured call: a graph replays the forward, not the quantization (a
+        // caller's own capture records it once, and its replays quantize again: still exact)
+        quantize_fp8_weights(stream, st, p);
+        st.fp8_stale = false;
+    }
     const ForwardPath path = choose_path(st, p, x, y, false);
     const CallKey key = inference_key(p, path, x, y, hidden, workspace);
     if (!st.calls.seen(key)) {  // once per argument set: a replayed call's pointers were checked

@@ -28,4 +28,8 @@ void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMat
 void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const twDnMatDescr *wg,
                         const twDnMatDescr &wu, const twDnMatDescr &wd, bool wait);
 
+/// TW_COMPUTE_FP8_WEIGHTS: the FP8 copy of the pair rows made from them, enqueued on `stream`
+/// (the state's FP8 buffers exist: CudaFfnState::prepare_compute_mode).
+void quantize_fp8_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p);
+
 }  // namespace twblas::cuda

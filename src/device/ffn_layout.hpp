@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <vector_types.h>
+
 #include "twblas/twblas.h"
 
 namespace twblas::cuda {
@@ -16,6 +18,7 @@ struct FfnProblem {
     int64_t m, d, h, dp, hp;  // dp, hp: D and H rounded up to 8 (16-byte rows)
     twDataType_t type;        // X, Y and weights
     bool gated, highest, deterministic;
+    bool fp8;             // TW_COMPUTE_FP8_WEIGHTS: the units' rows read from the FFN's FP8 copy
     bool save_dense;      // TW_FFN_ATTR_SAVE_DENSE where dense mode can run: the saved state has
                           // room for z and u of every row
     int32_t tile, slots;  // TwELL tile of the path: a row with more than `slots` active units in
@@ -27,12 +30,22 @@ struct FfnProblem {
     bool cublas_ok() const { return !gate_f32(); }
 };
 
+/// TW_COMPUTE_FP8_WEIGHTS: the FP8 copy of the pair rows (kernels/fp8_rows.cuh). Row j =
+/// [q(Wu_j) | q(Wd_j)] (gated) or [q(Wd_j)] (plain), `stride` bytes (dp a half), and
+/// scale[j] = {s(Wu_j), s(Wd_j)}.
+struct Fp8Rows {
+    const uint8_t *q;
+    const float2 *scale;
+    int64_t stride;
+};
+
 /// The FFN's weights in the kernels' layouts, made by twCreateFfn (pads are zero).
 struct FfnWeights {
     const void *gate;     // H x dp: Wg (gated) or Wu (plain), the GEMM whose ReLU gives sparsity
     const void *pair;     // H rows of `pair_stride`: [Wu_j | Wd_j] (gated) or [Wd_j] (plain)
     int64_t pair_stride;  // elements
     const void *down_t;   // D x hp: Wd^T, for the dense path
+    Fp8Rows fp8;          // null unless the FFN has been set to TW_COMPUTE_FP8_WEIGHTS
 };
 
 /// Device-side statistics of the last forward (deterministic: reduced in a fixed order).

@@ -16,6 +16,7 @@ FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens) {
     p.type = ffn.type;
     p.gated = ffn.gated();
     p.highest = ffn.compute_mode == TW_COMPUTE_HIGHEST_PRECISION;
+    p.fp8 = ffn.compute_mode == TW_COMPUTE_FP8_WEIGHTS;
     p.deterministic = ffn.deterministic != 0;
     p.tile = ffn.tile_width;
     p.slots = ffn.tile_width / ffn.compression - 1;
@@ -46,6 +47,26 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const Device
     check(cudaMemsetAsync(st->stats.get(), 0, st->stats.bytes(), stream), "cudaMemsetAsync");
     check(cudaMemsetAsync(st->counts.get(), 0, st->counts.bytes(), stream), "cudaMemsetAsync");
     return st;
+}
+
+void CudaFfnState::prepare_compute_mode(int32_t mode) {
+    if (mode != TW_COMPUTE_FP8_WEIGHTS || fp8_q.get()) return;
+    int current = 0;
+    check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != device) check(cudaSetDevice(device), "cudaSetDevice");
+    struct Restore {
+        int dev, was;
+        ~Restore() {
+            if (dev != was) (void)cudaSetDevice(was);
+        }
+    } restore{device, current};
+    // one byte per 16-bit weight of the pair rows, two scales per unit
+    const size_t pair_elems = pair.bytes() / 2;
+    const size_t units = counts.bytes() / 8;
+    fp8_q.reset(pair_elems);
+    fp8_scale.reset(units * sizeof(float2));
+    std::lock_guard<std::mutex> lock(mutex);
+    fp8_stale = true;
 }
 
 void absorb_feedback(CudaFfnState &st) {

@@ -60,6 +60,11 @@ class TrainForwards {
 
 struct CudaFfnState final : FfnState {
     DeviceBuffer gate, pair, down_t;  // FfnWeights
+    // TW_COMPUTE_FP8_WEIGHTS: the FP8 copy of `pair` (Fp8Rows), allocated when the mode is first
+    // set; made again by the first FP8 forward after twCreateFfn or twFfnUpdateWeights
+    // (`fp8_stale`, guarded by `mutex`), in that forward's stream order
+    DeviceBuffer fp8_q, fp8_scale;
+    bool fp8_stale = true;
     DeviceBuffer stats;               // FfnStatsBlock
     DeviceBuffer counts;              // per-unit activation counts (H x int64)
     MappedHost<FfnFeedback> feedback;  // the finishing kernel publishes the statistics here
@@ -80,8 +85,10 @@ struct CudaFfnState final : FfnState {
     TrainForwards train_forwards;
 
     FfnWeights weights(const FfnProblem &p) const {
-        return {gate.get(), pair.get(), p.gated ? 2 * p.dp : p.dp, down_t.get()};
+        return {gate.get(), pair.get(), p.gated ? 2 * p.dp : p.dp, down_t.get(),
+                {fp8_q.get<uint8_t>(), fp8_scale.get<float2>(), p.gated ? 2 * p.dp : p.dp}};
     }
+    void prepare_compute_mode(int32_t mode) override;
     FfnStatsBlock *stats_block() const { return stats.get<FfnStatsBlock>(); }
     unsigned long long *neuron_counts() const { return counts.get<unsigned long long>(); }
 };

@@ -5,6 +5,8 @@
 #include "common/matrix_arg.hpp"
 #include "common/pointer_check.hpp"
 #include "ffn_forward.hpp"
+#include "common/dispatch.hpp"
+#include "kernels/fp8_rows.cuh"
 #include "kernels/repack.cuh"
 
 namespace twblas::cuda {
@@ -31,6 +33,18 @@ void launch_repack(cudaStream_t stream, const MatrixArg &in, bool transpose, voi
 
 }  // namespace
 
+void quantize_fp8_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p) {
+    if (p.h == 0) return;
+    const FfnWeights w = st.weights(p);
+    by_16bit_type(p.type, [&](auto tag) {
+        using T = decltype(tag);
+        quantize_fp8_rows<T><<<static_cast<unsigned>(p.h), 256, 0, stream>>>(
+            static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.gated ? 2 : 1, st.fp8_q.get<uint8_t>(),
+            st.fp8_scale.get<float2>(), w.fp8.stride);
+        check_launch("quantize_fp8_rows");
+    });
+}
+
 void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const twDnMatDescr *wg,
                         const twDnMatDescr &wu, const twDnMatDescr &wd, bool wait) {
     if (wg) require_device_accessible(wg->values, "wGate");
@@ -46,6 +60,10 @@ void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem 
         launch_repack(stream, matrix_arg(wd), false, st.pair.get(), p.dp, p.h, p.dp);
     }
     launch_repack(stream, matrix_arg(wd), true, st.down_t.get(), p.hp, p.d, p.hp);
+    {
+        std::lock_guard<std::mutex> lock(st.mutex);
+        st.fp8_stale = true;  // the next FP8 forward quantizes the new rows
+    }
     if (wait) check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 

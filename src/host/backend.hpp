@@ -21,6 +21,10 @@ struct L1Coefficient {
 /// Backend-private state of an FFN descriptor (packed weights, statistics, neuron counts).
 struct FfnState {
     virtual ~FfnState() = default;
+    /// Called by twFfnSetAttribute before the FFN's compute mode becomes `mode`: a backend that
+    /// needs memory for it (the CUDA backend's FP8 copy) takes it here, in a setup call, never in
+    /// a compute call. Throws (the mode stays as it was) when it cannot.
+    virtual void prepare_compute_mode(int32_t mode) { (void)mode; }
 };
 
 class Backend {

@@ -5,12 +5,15 @@
 
 #include "common/values.cuh"
 #include "common/warp.cuh"
+#include "kernels/fp8_rows.cuh"
 
 namespace twblas::cuda {
 
 // fwd_u: 8 warps per block (one per active unit in flight); fwd_y: 64 threads of 16-byte chunks
 // = 512 bf16 columns per block
 constexpr int kFwdUWarps = 8, kFwdYThreads = 64;
+// weight rows whose loads fwd_y has in flight before it uses the first
+constexpr int kFwdUnroll = 4;
 
 // ---- the forward's sparse rows, in two kernels (as the token phase of the backward), used by
 // the training forward and by the inference forward at M > 512 (one team per token):
@@ -36,9 +39,12 @@ template <class T> struct FwdArgs {
     int ell;
     void *save_g, *save_u;  // training: g and u per slot; NULL: h goes over the gate value
     float *row_l1;
+    Fp8Rows fp8;  // the rows as FP8 (the kernels' FP8 instances read these instead of `pair`)
+    const int32_t *dense_rows;  // the dense path's rows (FP8: fwd_u_dense_rows, fwd_y_dense_rows)
+    const uint32_t *dense_count;
 };
 
-template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdArgs<T> a) {
+template <class T, bool FP8> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdArgs<T> a) {
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 sx[];  // x_t as dp / E chunks
     __shared__ float warp_l1[kFwdUWarps];
@@ -58,7 +64,11 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdA
         const float g = gate_value<T>(a.gate, row * a.ldg + col, a.gate_f32);
         float h = g, u = 0.0f;
         if (a.gated) {
-            const float dot = warp_row_dot(sx, a.pair + col * a.pair_stride, nchunks);
+            float dot;
+            if constexpr (FP8)
+                dot = a.fp8.scale[col].x * warp_row_dot_fp8<T>(sx, a.fp8.q + col * a.fp8.stride, nchunks);
+            else
+                dot = warp_row_dot(sx, a.pair + col * a.pair_stride, nchunks);
             u = a.highest ? dot : round_to<T>(dot);
             h = a.highest ? g * u : round_to<T>(g * u);
         }
@@ -81,7 +91,55 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdA
     }
 }
 
-template <class T> __global__ void __launch_bounds__(kFwdYThreads) fwd_y(FwdArgs<T> a) {
+/// acc[e] += sum over k < n of h[k] * row(col[k])[e] for one thread's 8 (or 4) columns of 16-bit
+/// (fp32) rows `stride` elements apart, U rows' loads in flight before any is used; in k order.
+template <class T, int U>
+__device__ inline void value_rows_axpy(const T *rows, int64_t stride, const int64_t *col, const float *h, int n,
+                                       float (&acc)[Chunk<T>::n]) {
+    constexpr int E = Chunk<T>::n;
+    int k = 0;
+    for (; k + U <= n; k += U) {
+        uint4 w[U];
+#pragma unroll
+        for (int g = 0; g < U; ++g) w[g] = *reinterpret_cast<const uint4 *>(rows + col[k + g] * stride);
+#pragma unroll
+        for (int g = 0; g < U; ++g)
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[e] = fmaf(h[k + g], Chunk<T>::get(w[g], e), acc[e]);
+    }
+    for (; k < n; ++k) {
+        const uint4 w = *reinterpret_cast<const uint4 *>(rows + col[k] * stride);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(h[k], Chunk<T>::get(w, e), acc[e]);
+    }
+}
+
+/// The same over FP8 rows (`stride` bytes apart, 8 bytes per thread); h already holds h s_j.
+template <int U>
+__device__ inline void fp8_rows_axpy(const uint8_t *rows, int64_t stride, const int64_t *col, const float *h, int n,
+                                     float (&acc)[8]) {
+    int k = 0;
+    for (; k + U <= n; k += U) {
+        uint2 w[U];
+#pragma unroll
+        for (int g = 0; g < U; ++g) w[g] = *reinterpret_cast<const uint2 *>(rows + col[k + g] * stride);
+#pragma unroll
+        for (int g = 0; g < U; ++g) {
+            float v[8];
+            fp8x8_to_float(w[g], v);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] = fmaf(h[k + g], v[e], acc[e]);
+        }
+    }
+    for (; k < n; ++k) {
+        float v[8];
+        fp8x8_to_float(*reinterpret_cast<const uint2 *>(rows + col[k] * stride), v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = fmaf(h[k], v[e], acc[e]);
+    }
+}
+
+template <class T, bool FP8> __global__ void __launch_bounds__(kFwdYThreads) fwd_y(FwdArgs<T> a) {
     constexpr int E = Chunk<T>::n;
     extern __shared__ int64_t s_col[];  // the row's units, then their h (list width of each)
     float *s_h = reinterpret_cast<float *>(s_col + a.ell);
@@ -99,31 +157,133 @@ template <class T> __global__ void __launch_bounds__(kFwdYThreads) fwd_y(FwdArgs
         } else {
             s_h[k] = gate_value<T>(a.gate, row * a.ldg + s_col[k], a.gate_f32);
         }
+        if constexpr (FP8) s_h[k] *= a.fp8.scale[s_col[k]].y;  // h s_j: the row's scale taken out of the sum
     }
     __syncthreads();
     const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kFwdYThreads + threadIdx.x) * E;
     if (k0 >= a.dp) return;
-    const T *down = a.pair + (a.gated ? a.dp : 0);
     float acc[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    constexpr int kG = 4;
-    int k = 0;
-    for (; k + kG <= n; k += kG) {
-        uint4 w[kG];
-#pragma unroll
-        for (int g = 0; g < kG; ++g) w[g] = *reinterpret_cast<const uint4 *>(down + s_col[k + g] * a.pair_stride + k0);
-#pragma unroll
-        for (int g = 0; g < kG; ++g)
-#pragma unroll
-            for (int e = 0; e < E; ++e) acc[e] = fmaf(s_h[k + g], Chunk<T>::get(w[g], e), acc[e]);
-    }
-    for (; k < n; ++k) {
-        const uint4 w = *reinterpret_cast<const uint4 *>(down + s_col[k] * a.pair_stride + k0);
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = fmaf(s_h[k], Chunk<T>::get(w, e), acc[e]);
+    if constexpr (FP8) {
+        static_assert(E == 8, "FP8 rows are read 8 values (8 bytes) at a time");
+        const uint8_t *down = a.fp8.q + (a.gated ? a.dp : 0) + k0;
+        fp8_rows_axpy<kFwdUnroll>(down, a.fp8.stride, s_col, s_h, n, acc);
+    } else {
+        const T *down = a.pair + (a.gated ? a.dp : 0) + k0;
+        value_rows_axpy<T, kFwdUnroll>(down, a.pair_stride, s_col, s_h, n, acc);
     }
     if (k0 < a.d) store_chunk(a.y, row, a.y_rs, a.y_cs, a.y_vec, k0, a.d, acc);
+}
+
+// ---- TW_COMPUTE_FP8_WEIGHTS: the dense path's rows (a TwELL tile over capacity, or more units
+// than the list holds), in FP8 like the sparse rows (DEFAULT runs them through the gathered GEMM
+// on the 16-bit rows). Each row's units are found by a scan of its H gate values, so a row costs
+// what its active units cost plus the scan. The dense list's length is read on the device: the
+// grid is a bound, its blocks loop over the list.
+constexpr int kDenseRowWarps = 8;
+
+/// h = round(g round(s_u (x . q(Wu_j)))) over the gate value of every active unit of each dense
+/// row, 0 over the others (as the gathered GEMM's GateProduct epilogue leaves them): gated only.
+template <class T> __global__ void __launch_bounds__(32 * kDenseRowWarps) fwd_u_dense_rows(FwdArgs<T> a) {
+    constexpr int E = Chunk<T>::n;
+    extern __shared__ uint4 sx[];  // x_t as dp / E chunks
+    const int nchunks = static_cast<int>(a.dp / E);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const uint32_t rows = *a.dense_count;
+    for (uint32_t b = blockIdx.x; b < rows; b += gridDim.x) {
+        const int64_t row = a.dense_rows[b];
+        __syncthreads();  // the previous row's x is no longer read
+        stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
+        __syncthreads();
+        for (int64_t c0 = static_cast<int64_t>(warp) * 32; c0 < a.h; c0 += 32 * kDenseRowWarps) {
+            const int64_t c = c0 + lane;
+            const float g = c < a.h ? gate_value<T>(a.gate, row * a.ldg + c, false) : 0.0f;
+            unsigned active = __ballot_sync(kFullMask, c < a.h && relu_active(g));
+            float h = 0.0f;
+            while (active) {  // the warp's units one at a time, each a warp-wide dot product
+                const int src = __ffs(active) - 1;
+                active &= active - 1;
+                const int64_t col = c0 + src;
+                const float dot = a.fp8.scale[col].x * warp_row_dot_fp8<T>(sx, a.fp8.q + col * a.fp8.stride, nchunks);
+                const float hs = round_to<T>(__shfl_sync(kFullMask, g, src) * round_to<T>(dot));
+                if (lane == src) h = hs;
+            }
+            if (c < a.h) gate_store<T>(const_cast<void *>(a.gate), row * a.ldg + c, false, h);
+        }
+    }
+}
+
+/// y of each dense row: a block per 256-column slice (8 columns a lane); the row's active units
+/// compacted 256 at a time into shared memory in unit order, the warps taking every 8th of them,
+/// their partial sums added in warp order (deterministic).
+template <class T> __global__ void __launch_bounds__(32 * kDenseRowWarps) fwd_y_dense_rows(FwdArgs<T> a) {
+    constexpr int kThreads = 32 * kDenseRowWarps, kUnroll = 4;
+    __shared__ int64_t s_col[kThreads];
+    __shared__ float s_h[kThreads];
+    __shared__ int s_warp_n[kDenseRowWarps];
+    __shared__ float s_part[kDenseRowWarps][32 * 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * 32 + lane) * 8;
+    const uint8_t *down = a.fp8.q + (a.gated ? a.dp : 0) + k0;
+    const uint32_t rows = *a.dense_count;
+    for (uint32_t b = blockIdx.x; b < rows; b += gridDim.x) {
+        const int64_t row = a.dense_rows[b];
+        float acc[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+        for (int64_t c0 = 0; c0 < a.h; c0 += kThreads) {
+            const int64_t c = c0 + threadIdx.x;
+            float v = c < a.h ? gate_value<T>(a.gate, row * a.ldg + c, false) : 0.0f;
+            if (!a.gated && !relu_active(v)) v = 0.0f;  // plain: h = relu(z); gated: h, 0 where inactive
+            const bool keep = c < a.h && !(v == 0.0f);
+            const unsigned ballot = __ballot_sync(kFullMask, keep);
+            __syncthreads();  // the previous chunk's list and counts are no longer read
+            if (lane == 0) s_warp_n[warp] = __popc(ballot);
+            __syncthreads();
+            int at = __popc(ballot & ((1u << lane) - 1u)), total = 0;
+            for (int w = 0; w < kDenseRowWarps; ++w) {
+                if (w < warp) at += s_warp_n[w];
+                total += s_warp_n[w];
+            }
+            if (keep) s_col[at] = c, s_h[at] = v * a.fp8.scale[c].y;
+            __syncthreads();
+            if (k0 >= a.dp) continue;
+            int k = warp;
+            for (; k + (kUnroll - 1) * kDenseRowWarps < total; k += kUnroll * kDenseRowWarps) {
+                uint2 w[kUnroll];
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u)
+                    w[u] = *reinterpret_cast<const uint2 *>(down + s_col[k + u * kDenseRowWarps] * a.fp8.stride);
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u) {
+                    float q[8];
+                    fp8x8_to_float(w[u], q);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[e] = fmaf(s_h[k + u * kDenseRowWarps], q[e], acc[e]);
+                }
+            }
+            for (; k < total; k += kDenseRowWarps) {
+                float q[8];
+                fp8x8_to_float(*reinterpret_cast<const uint2 *>(down + s_col[k] * a.fp8.stride), q);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[e] = fmaf(s_h[k], q[e], acc[e]);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s_part[warp][lane * 8 + e] = acc[e];
+        __syncthreads();
+        if (warp == 0 && k0 < a.d) {
+            float sum[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                sum[e] = 0.0f;
+                for (int w = 0; w < kDenseRowWarps; ++w) sum[e] += s_part[w][lane * 8 + e];
+            }
+            store_chunk(a.y, row, a.y_rs, a.y_cs, a.y_vec, k0, a.d, sum);
+        }
+        __syncthreads();  // s_part is reused by the next row
+    }
 }
 
 }  // namespace twblas::cuda
