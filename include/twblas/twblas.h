@@ -329,8 +329,8 @@ typedef enum {
  *  most 2^-4 of itself (or 2^-10 s below 2^-6 s), so y moves by a few per cent of its norm from
  *  DEFAULT's (docs/api-guide.md gives the measured figures). 16-bit FFNs only (an fp32 FFN:
  *  NOT_SUPPORTED from twFfnSetAttribute); twSpGEMMFused only (the training calls:
- *  NOT_SUPPORTED); backends: the CPU reference now, CUDA NOT_SUPPORTED until its kernels land.
- *  Never on by default. */
+ *  NOT_SUPPORTED); both backends (CUDA takes the FP8 copy's memory when the mode is set:
+ *  TW_STATUS_ALLOC_FAILED leaves it unchanged). Never on by default. */
 /** Sets an attribute; size must be sizeof(int32_t), or sizeof(void *) for the pointer
  *  attributes (value points to the pointer). */
 TWBLAS_API twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr,

@@ -303,11 +303,24 @@ void launch_fused(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w,
 template <class T, bool FP8>
 void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const FwdArgs<T> &a, int ell) {
     constexpr int E = Chunk<T>::n;
-    // x_t in shared memory: at most 8192 x 2 or 4096 x 4 bytes (max_model_dim), under 48 KB
-    const size_t smem = p.gated ? static_cast<size_t>(p.dp) * sizeof(T) : 0;
-    fwd_u<T, FP8><<<static_cast<unsigned>(p.m), 32 * kFwdUWarps, smem, stream>>>(a);
-    check_launch("fwd_u");
-    const dim3 grid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.dp, int64_t{kFwdYThreads} * E)));
+    if (FP8 && p.gated) {
+        // x over the FP8 half (D rounded up to 16), then the list's ids, gate values and scales:
+        // over 48 KB only past D ~ 8000 with long lists (max_model_dim keeps D at 8192)
+        const size_t smem = static_cast<size_t>(a.fp8.half) * sizeof(T) + static_cast<size_t>(ell) * 12;
+        if (smem > 48 * 1024)
+            check(cudaFuncSetAttribute(fwd_u_fp8<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                  "cudaFuncSetAttribute");
+        fwd_u_fp8<T><<<static_cast<unsigned>(p.m), 32 * kFwdUWarps, smem, stream>>>(a);
+        check_launch("fwd_u_fp8");
+    } else {
+        // x_t in shared memory: at most 8192 x 2 or 4096 x 4 bytes (max_model_dim), under 48 KB
+        const size_t smem = p.gated ? static_cast<size_t>(p.dp) * sizeof(T) : 0;
+        fwd_u<T><<<static_cast<unsigned>(p.m), 32 * kFwdUWarps, smem, stream>>>(a);
+        check_launch("fwd_u");
+    }
+    // a thread takes 8 (fp32: 4) columns, 16 with FP8 rows
+    const int64_t cols_per_block = int64_t{kFwdYThreads} * (FP8 ? 16 : E);
+    const dim3 grid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.dp, cols_per_block)));
     const size_t list_smem = static_cast<size_t>(ell) * (sizeof(int64_t) + sizeof(float));
     // over 48 KB only for lists of more than 4096 units (H beyond ~34000 at the default tile)
     if (list_smem > 48 * 1024)
@@ -347,13 +360,19 @@ void launch_fp8_dense_rows(cudaStream_t stream, const CudaFfnState &st, const Ff
                        y.rs, y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d,
                        p.m, p.h, s.gate, s.ldg, false, p.gated, false, s.idx, s.count, s.cap, nullptr, nullptr,
                        s.row_l1, w.fp8, s.dense_rows, s.dense_count};
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(p.m, 2 * st.sm_count));
+    // about two waves of blocks in all: most forwards have few dense rows or none, and an idle
+    // block still costs its launch
+    auto rows_for = [&](int64_t per_row) {
+        return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(p.m, ceil_div(4 * st.sm_count, per_row))));
+    };
     if (p.gated) {
-        fwd_u_dense_rows<T><<<blocks, 32 * kDenseRowWarps, static_cast<size_t>(p.dp) * sizeof(T), stream>>>(a);
+        const int64_t unit_blocks = ceil_div(p.h, int64_t{32} * kDenseRowWarps);
+        const dim3 grid(rows_for(unit_blocks), static_cast<unsigned>(unit_blocks));
+        fwd_u_dense_rows<T><<<grid, 32 * kDenseRowWarps, static_cast<size_t>(a.fp8.half) * sizeof(T), stream>>>(a);
         check_launch("fwd_u_dense_rows");
     }
-    fwd_y_dense_rows<T><<<dim3(blocks, static_cast<unsigned>(ceil_div(p.dp, int64_t{256}))), 32 * kDenseRowWarps, 0,
-                          stream>>>(a);
+    const int64_t slices = ceil_div(p.dp, int64_t{512});
+    fwd_y_dense_rows<T><<<dim3(rows_for(slices), static_cast<unsigned>(slices)), 32 * kDenseRowYWarps, 0, stream>>>(a);
     check_launch("fwd_y_dense_rows");
 }
 

@@ -31,12 +31,16 @@ struct FfnProblem {
 };
 
 /// TW_COMPUTE_FP8_WEIGHTS: the FP8 copy of the pair rows (kernels/fp8_rows.cuh). Row j =
-/// [q(Wu_j) | q(Wd_j)] (gated) or [q(Wd_j)] (plain), `stride` bytes (dp a half), and
-/// scale[j] = {s(Wu_j), s(Wd_j)}.
+/// [q(Wu_j) | q(Wd_j)] (gated) or [q(Wd_j)] (plain), each half `half` bytes (D rounded up to 16,
+/// zero-padded: every 16-byte load is aligned), and scale[j] = {s(Wu_j), s(Wd_j)}.
 struct Fp8Rows {
     const uint8_t *q;
     const float2 *scale;
-    int64_t stride;
+    int64_t stride;  // bytes: `half` times the halves
+    int64_t half;
+    /// The FP8 row layout of a problem whose rows have `dp` values (`gated`: two halves).
+    static int64_t half_bytes(int64_t dp) { return (dp + 15) / 16 * 16; }
+    static int64_t row_bytes(int64_t dp, bool gated) { return half_bytes(dp) * (gated ? 2 : 1); }
 };
 
 /// The FFN's weights in the kernels' layouts, made by twCreateFfn (pads are zero).

@@ -44,6 +44,8 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const Device
     st->down_t.reset(static_cast<size_t>(p.d * p.hp) * eb);
     st->stats.reset(sizeof(FfnStatsBlock));
     st->counts.reset(static_cast<size_t>(p.h) * 8);
+    st->fp8_q_bytes = static_cast<size_t>(p.h * Fp8Rows::row_bytes(p.dp, p.gated));
+    st->fp8_scale_bytes = static_cast<size_t>(p.h) * sizeof(float2);
     check(cudaMemsetAsync(st->stats.get(), 0, st->stats.bytes(), stream), "cudaMemsetAsync");
     check(cudaMemsetAsync(st->counts.get(), 0, st->counts.bytes(), stream), "cudaMemsetAsync");
     return st;
@@ -60,11 +62,8 @@ void CudaFfnState::prepare_compute_mode(int32_t mode) {
             if (dev != was) (void)cudaSetDevice(was);
         }
     } restore{device, current};
-    // one byte per 16-bit weight of the pair rows, two scales per unit
-    const size_t pair_elems = pair.bytes() / 2;
-    const size_t units = counts.bytes() / 8;
-    fp8_q.reset(pair_elems);
-    fp8_scale.reset(units * sizeof(float2));
+    fp8_q.reset(fp8_q_bytes);
+    fp8_scale.reset(fp8_scale_bytes);
     std::lock_guard<std::mutex> lock(mutex);
     fp8_stale = true;
 }

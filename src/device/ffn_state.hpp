@@ -64,6 +64,7 @@ struct CudaFfnState final : FfnState {
     // set; made again by the first FP8 forward after twCreateFfn or twFfnUpdateWeights
     // (`fp8_stale`, guarded by `mutex`), in that forward's stream order
     DeviceBuffer fp8_q, fp8_scale;
+    size_t fp8_q_bytes = 0, fp8_scale_bytes = 0;  // what they take (make_ffn_state)
     bool fp8_stale = true;
     DeviceBuffer stats;               // FfnStatsBlock
     DeviceBuffer counts;              // per-unit activation counts (H x int64)
@@ -86,7 +87,8 @@ struct CudaFfnState final : FfnState {
 
     FfnWeights weights(const FfnProblem &p) const {
         return {gate.get(), pair.get(), p.gated ? 2 * p.dp : p.dp, down_t.get(),
-                {fp8_q.get<uint8_t>(), fp8_scale.get<float2>(), p.gated ? 2 * p.dp : p.dp}};
+                {fp8_q.get<uint8_t>(), fp8_scale.get<float2>(), Fp8Rows::row_bytes(p.dp, p.gated),
+                 Fp8Rows::half_bytes(p.dp)}};
     }
     void prepare_compute_mode(int32_t mode) override;
     FfnStatsBlock *stats_block() const { return stats.get<FfnStatsBlock>(); }

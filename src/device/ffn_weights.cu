@@ -40,7 +40,7 @@ void quantize_fp8_weights(cudaStream_t stream, CudaFfnState &st, const FfnProble
         using T = decltype(tag);
         quantize_fp8_rows<T><<<static_cast<unsigned>(p.h), 256, 0, stream>>>(
             static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.gated ? 2 : 1, st.fp8_q.get<uint8_t>(),
-            st.fp8_scale.get<float2>(), w.fp8.stride);
+            st.fp8_scale.get<float2>(), w.fp8.stride, w.fp8.half);
         check_launch("quantize_fp8_rows");
     });
 }

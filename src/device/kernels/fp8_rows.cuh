@@ -31,7 +31,7 @@ __device__ inline void fp8x8_to_float(uint2 w, float (&v)[8]) {
 /// (IEEE division, nearest even, saturating at 448), so both backends hold the same bytes.
 template <class T>
 __global__ void __launch_bounds__(256) quantize_fp8_rows(const T *pair, int64_t pair_stride, int64_t dp, int halves,
-                                                         uint8_t *q, float2 *scale, int64_t q_stride) {
+                                                         uint8_t *q, float2 *scale, int64_t q_stride, int64_t q_half) {
     __shared__ float warp_max[8];
     const int64_t j = blockIdx.x;
     float s[2] = {1.0f, 1.0f};
@@ -47,35 +47,85 @@ __global__ void __launch_bounds__(256) quantize_fp8_rows(const T *pair, int64_t 
         __syncthreads();  // warp_max is reused by the next half
         const float sc = amax > 0.0f ? amax / 448.0f : 1.0f;
         s[half] = sc;
-        uint8_t *out = q + j * q_stride + half * dp;
-        for (int64_t k = threadIdx.x; k < dp; k += blockDim.x)
-            out[k] = __nv_cvt_float_to_fp8(load_elem(w, k) / sc, __NV_SATFINITE, __NV_E4M3);
+        uint8_t *out = q + j * q_stride + half * q_half;
+        for (int64_t k = threadIdx.x; k < q_half; k += blockDim.x)  // the pads as +0
+            out[k] = k < dp ? __nv_cvt_float_to_fp8(load_elem(w, k) / sc, __NV_SATFINITE, __NV_E4M3) : 0;
     }
     // a plain FFN's only half is its down row
     if (threadIdx.x == 0) scale[j] = halves == 2 ? make_float2(s[0], s[1]) : make_float2(1.0f, s[0]);
 }
 
-/// One warp's dot product of a row held in shared memory (16-byte chunks of 8 16-bit values) with
-/// an FP8 row in global memory (8 bytes a chunk), unscaled; every lane gets the sum.
+/// Sixteen E4M3 values (16 bytes) as fp32.
+__device__ inline void fp8x16_to_float(uint4 w, float (&v)[16]) {
+    float lo[8], hi[8];
+    fp8x8_to_float(make_uint2(w.x, w.y), lo);
+    fp8x8_to_float(make_uint2(w.z, w.w), hi);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = lo[e], v[8 + e] = hi[e];
+}
+
+/// One warp's dot product of a row held in shared memory (`nchunks` 16-byte chunks of 8 16-bit
+/// values, an even count: the FP8 half, zero-padded) with an FP8 row in global memory, unscaled,
+/// 16 values (one 16-byte load) a lane at a time and four loads in flight; every lane gets it.
 template <class T> __device__ inline float warp_row_dot_fp8(const uint4 *row, const uint8_t *q, int nchunks) {
     const int lane = threadIdx.x & 31;
+    const int nblocks = nchunks / 2;
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c0 = lane; c0 < nchunks; c0 += 128) {
-        uint2 wq[4];
+    for (int b0 = lane; b0 < nblocks; b0 += 128) {
+        uint4 wq[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            if (c0 + 32 * i < nchunks) wq[i] = *reinterpret_cast<const uint2 *>(q + static_cast<int64_t>(c0 + 32 * i) * 8);
+            if (b0 + 32 * i < nblocks) wq[i] = *reinterpret_cast<const uint4 *>(q + static_cast<int64_t>(b0 + 32 * i) * 16);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            if (c0 + 32 * i >= nchunks) break;
-            const uint4 r = row[c0 + 32 * i];
-            float w[8];
-            fp8x8_to_float(wq[i], w);
+            if (b0 + 32 * i >= nblocks) break;
+            const uint4 r0 = row[2 * (b0 + 32 * i)], r1 = row[2 * (b0 + 32 * i) + 1];
+            float w[16];
+            fp8x16_to_float(wq[i], w);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) part[i] = fmaf(Chunk<T>::get(r, e), w[e], part[i]);
+            for (int e = 0; e < 8; ++e) part[i] = fmaf(Chunk<T>::get(r0, e), w[e], part[i]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) part[i] = fmaf(Chunk<T>::get(r1, e), w[8 + e], part[i]);
         }
     }
     return warp_sum((part[0] + part[1]) + (part[2] + part[3]));
+}
+
+/// warp_row_dot_fp8 of two rows at once (eight loads a lane in flight, the same sums in the same
+/// order as two calls).
+template <class T>
+__device__ inline void warp_row_dot2_fp8(const uint4 *row, const uint8_t *qa, const uint8_t *qb, int nchunks, float &da,
+                                         float &db) {
+    const int lane = threadIdx.x & 31;
+    const int nblocks = nchunks / 2;
+    float pa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int b0 = lane; b0 < nblocks; b0 += 128) {
+        uint4 wa[4], wb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (b0 + 32 * i < nblocks) {
+                wa[i] = *reinterpret_cast<const uint4 *>(qa + static_cast<int64_t>(b0 + 32 * i) * 16);
+                wb[i] = *reinterpret_cast<const uint4 *>(qb + static_cast<int64_t>(b0 + 32 * i) * 16);
+            }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (b0 + 32 * i >= nblocks) break;
+            const uint4 r0 = row[2 * (b0 + 32 * i)], r1 = row[2 * (b0 + 32 * i) + 1];
+            float w[16];
+            fp8x16_to_float(wa[i], w);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) pa[i] = fmaf(Chunk<T>::get(r0, e), w[e], pa[i]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) pa[i] = fmaf(Chunk<T>::get(r1, e), w[8 + e], pa[i]);
+            fp8x16_to_float(wb[i], w);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) pb[i] = fmaf(Chunk<T>::get(r0, e), w[e], pb[i]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) pb[i] = fmaf(Chunk<T>::get(r1, e), w[8 + e], pb[i]);
+        }
+    }
+    da = warp_sum((pa[0] + pa[1]) + (pa[2] + pa[3]));
+    db = warp_sum((pb[0] + pb[1]) + (pb[2] + pb[3]));
 }
 
 }  // namespace twblas::cuda

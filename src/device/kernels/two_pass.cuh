@@ -44,7 +44,7 @@ template <class T> struct FwdArgs {
     const uint32_t *dense_count;
 };
 
-template <class T, bool FP8> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdArgs<T> a) {
+template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdArgs<T> a) {
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 sx[];  // x_t as dp / E chunks
     __shared__ float warp_l1[kFwdUWarps];
@@ -64,11 +64,7 @@ template <class T, bool FP8> __global__ void __launch_bounds__(32 * kFwdUWarps) 
         const float g = gate_value<T>(a.gate, row * a.ldg + col, a.gate_f32);
         float h = g, u = 0.0f;
         if (a.gated) {
-            float dot;
-            if constexpr (FP8)
-                dot = a.fp8.scale[col].x * warp_row_dot_fp8<T>(sx, a.fp8.q + col * a.fp8.stride, nchunks);
-            else
-                dot = warp_row_dot(sx, a.pair + col * a.pair_stride, nchunks);
+            const float dot = warp_row_dot(sx, a.pair + col * a.pair_stride, nchunks);
             u = a.highest ? dot : round_to<T>(dot);
             h = a.highest ? g * u : round_to<T>(g * u);
         }
@@ -80,6 +76,53 @@ template <class T, bool FP8> __global__ void __launch_bounds__(32 * kFwdUWarps) 
                 gate_store<T>(const_cast<void *>(a.gate), row * a.ldg + col, a.gate_f32, h);
             }
             l1 += fabsf(h);
+        }
+    }
+    if (lane == 0) warp_l1[warp] = l1;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int w = 0; w < kFwdUWarps; ++w) sum += warp_l1[w];
+        a.row_l1[row] = sum;
+    }
+}
+
+/// fwd_u of a gated FFN over FP8 rows: the row's unit ids, gate values and up scales staged in
+/// shared memory first (no load waits on another in the loop), and each warp takes its units two
+/// at a time (eight 16-byte loads a lane in flight). h goes over the gate value (inference only).
+template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u_fp8(FwdArgs<T> a) {
+    constexpr int E = Chunk<T>::n;
+    extern __shared__ uint4 sx[];  // x_t over the FP8 half (zeros past D), then the row's units
+    __shared__ float warp_l1[kFwdUWarps];
+    const int64_t row = blockIdx.x;
+    const int n = min(a.count[row], a.ell);
+    if (n < 0) return;  // the dense path
+    const int nchunks = static_cast<int>(a.fp8.half / E);
+    int32_t *s_col = reinterpret_cast<int32_t *>(sx + nchunks);
+    float *s_g = reinterpret_cast<float *>(s_col + a.ell), *s_su = s_g + a.ell;
+    const int64_t base = row * a.ell;
+    for (int k = threadIdx.x; k < n; k += blockDim.x) {
+        const int32_t col = static_cast<int32_t>(min(static_cast<int64_t>(a.idx[base + k]), a.h - 1));
+        s_col[k] = col;
+        s_g[k] = gate_value<T>(a.gate, row * a.ldg + col, false);
+        s_su[k] = a.fp8.scale[col].x;
+    }
+    stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    float l1 = 0.0f;
+    for (int k = 2 * warp; k < n; k += 2 * kFwdUWarps) {
+        const int units = min(2, n - k);
+        const int32_t ca = s_col[k], cb = s_col[k + units - 1];
+        float dot[2];
+        warp_row_dot2_fp8<T>(sx, a.fp8.q + static_cast<int64_t>(ca) * a.fp8.stride,
+                             a.fp8.q + static_cast<int64_t>(cb) * a.fp8.stride, nchunks, dot[0], dot[1]);
+        for (int i = 0; i < units; ++i) {
+            const float h = round_to<T>(s_g[k + i] * round_to<T>(s_su[k + i] * dot[i]));
+            if (lane == 0) {
+                gate_store<T>(const_cast<void *>(a.gate), row * a.ldg + s_col[k + i], false, h);
+                l1 += fabsf(h);
+            }
         }
     }
     if (lane == 0) warp_l1[warp] = l1;
@@ -114,29 +157,39 @@ __device__ inline void value_rows_axpy(const T *rows, int64_t stride, const int6
     }
 }
 
-/// The same over FP8 rows (`stride` bytes apart, 8 bytes per thread); h already holds h s_j.
+/// The same over FP8 rows (`stride` bytes apart), 16 columns (one 16-byte load) a thread; h
+/// already holds h s_j.
 template <int U>
 __device__ inline void fp8_rows_axpy(const uint8_t *rows, int64_t stride, const int64_t *col, const float *h, int n,
-                                     float (&acc)[8]) {
+                                     float (&acc)[16]) {
     int k = 0;
     for (; k + U <= n; k += U) {
-        uint2 w[U];
+        uint4 w[U];
 #pragma unroll
-        for (int g = 0; g < U; ++g) w[g] = *reinterpret_cast<const uint2 *>(rows + col[k + g] * stride);
+        for (int g = 0; g < U; ++g) w[g] = *reinterpret_cast<const uint4 *>(rows + col[k + g] * stride);
 #pragma unroll
         for (int g = 0; g < U; ++g) {
-            float v[8];
-            fp8x8_to_float(w[g], v);
+            float v[16];
+            fp8x16_to_float(w[g], v);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] = fmaf(h[k + g], v[e], acc[e]);
+            for (int e = 0; e < 16; ++e) acc[e] = fmaf(h[k + g], v[e], acc[e]);
         }
     }
     for (; k < n; ++k) {
-        float v[8];
-        fp8x8_to_float(*reinterpret_cast<const uint2 *>(rows + col[k] * stride), v);
+        float v[16];
+        fp8x16_to_float(*reinterpret_cast<const uint4 *>(rows + col[k] * stride), v);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = fmaf(h[k], v[e], acc[e]);
+        for (int e = 0; e < 16; ++e) acc[e] = fmaf(h[k], v[e], acc[e]);
     }
+}
+
+/// y's columns k0 .. k0 + 15 of `row` (16-bit types), as two 8-value chunks; nothing past D.
+template <class T> __device__ inline void store_chunk16(const FwdArgs<T> &a, int64_t row, int64_t k0, const float (&v)[16]) {
+    float lo[8], hi[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) lo[e] = v[e], hi[e] = v[8 + e];
+    if (k0 < a.d) store_chunk(a.y, row, a.y_rs, a.y_cs, a.y_vec, k0, a.d, lo);
+    if (k0 + 8 < a.d) store_chunk(a.y, row, a.y_rs, a.y_cs, a.y_vec, k0 + 8, a.d, hi);
 }
 
 template <class T, bool FP8> __global__ void __launch_bounds__(kFwdYThreads) fwd_y(FwdArgs<T> a) {
@@ -160,78 +213,82 @@ template <class T, bool FP8> __global__ void __launch_bounds__(kFwdYThreads) fwd
         if constexpr (FP8) s_h[k] *= a.fp8.scale[s_col[k]].y;  // h s_j: the row's scale taken out of the sum
     }
     __syncthreads();
-    const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kFwdYThreads + threadIdx.x) * E;
-    if (k0 >= a.dp) return;
-    float acc[E];
+    if constexpr (FP8) {  // 16 columns a thread: one 16-byte load of FP8 per unit
+        static_assert(E == 8, "FP8 is for 16-bit FFNs");
+        const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kFwdYThreads + threadIdx.x) * 16;
+        if (k0 >= a.dp) return;
+        float acc[16];
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    if constexpr (FP8) {
-        static_assert(E == 8, "FP8 rows are read 8 values (8 bytes) at a time");
-        const uint8_t *down = a.fp8.q + (a.gated ? a.dp : 0) + k0;
-        fp8_rows_axpy<kFwdUnroll>(down, a.fp8.stride, s_col, s_h, n, acc);
+        for (int e = 0; e < 16; ++e) acc[e] = 0.0f;
+        fp8_rows_axpy<kFwdUnroll>(a.fp8.q + (a.gated ? a.fp8.half : 0) + k0, a.fp8.stride, s_col, s_h, n, acc);
+        store_chunk16(a, row, k0, acc);
     } else {
-        const T *down = a.pair + (a.gated ? a.dp : 0) + k0;
-        value_rows_axpy<T, kFwdUnroll>(down, a.pair_stride, s_col, s_h, n, acc);
+        const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kFwdYThreads + threadIdx.x) * E;
+        if (k0 >= a.dp) return;
+        float acc[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+        value_rows_axpy<T, kFwdUnroll>(a.pair + (a.gated ? a.dp : 0) + k0, a.pair_stride, s_col, s_h, n, acc);
+        if (k0 < a.d) store_chunk(a.y, row, a.y_rs, a.y_cs, a.y_vec, k0, a.d, acc);
     }
-    if (k0 < a.d) store_chunk(a.y, row, a.y_rs, a.y_cs, a.y_vec, k0, a.d, acc);
 }
 
 // ---- TW_COMPUTE_FP8_WEIGHTS: the dense path's rows (a TwELL tile over capacity, or more units
 // than the list holds), in FP8 like the sparse rows (DEFAULT runs them through the gathered GEMM
 // on the 16-bit rows). Each row's units are found by a scan of its H gate values, so a row costs
 // what its active units cost plus the scan. The dense list's length is read on the device: the
-// grid is a bound, its blocks loop over the list.
-constexpr int kDenseRowWarps = 8;
+// grid's x is a bound, its blocks loop over the list.
+constexpr int kDenseRowWarps = 8, kDenseRowYWarps = 16;
 
 /// h = round(g round(s_u (x . q(Wu_j)))) over the gate value of every active unit of each dense
 /// row, 0 over the others (as the gathered GEMM's GateProduct epilogue leaves them): gated only.
+/// blockIdx.y picks 32 kDenseRowWarps units, a warp takes 32 of them.
 template <class T> __global__ void __launch_bounds__(32 * kDenseRowWarps) fwd_u_dense_rows(FwdArgs<T> a) {
     constexpr int E = Chunk<T>::n;
-    extern __shared__ uint4 sx[];  // x_t as dp / E chunks
-    const int nchunks = static_cast<int>(a.dp / E);
+    extern __shared__ uint4 sx[];  // x_t over the FP8 half (zeros past D)
+    const int nchunks = static_cast<int>(a.fp8.half / E);
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kDenseRowWarps + warp) * 32, c = c0 + lane;
     const uint32_t rows = *a.dense_count;
     for (uint32_t b = blockIdx.x; b < rows; b += gridDim.x) {
         const int64_t row = a.dense_rows[b];
         __syncthreads();  // the previous row's x is no longer read
         stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
         __syncthreads();
-        for (int64_t c0 = static_cast<int64_t>(warp) * 32; c0 < a.h; c0 += 32 * kDenseRowWarps) {
-            const int64_t c = c0 + lane;
-            const float g = c < a.h ? gate_value<T>(a.gate, row * a.ldg + c, false) : 0.0f;
-            unsigned active = __ballot_sync(kFullMask, c < a.h && relu_active(g));
-            float h = 0.0f;
-            while (active) {  // the warp's units one at a time, each a warp-wide dot product
-                const int src = __ffs(active) - 1;
-                active &= active - 1;
-                const int64_t col = c0 + src;
-                const float dot = a.fp8.scale[col].x * warp_row_dot_fp8<T>(sx, a.fp8.q + col * a.fp8.stride, nchunks);
-                const float hs = round_to<T>(__shfl_sync(kFullMask, g, src) * round_to<T>(dot));
-                if (lane == src) h = hs;
-            }
-            if (c < a.h) gate_store<T>(const_cast<void *>(a.gate), row * a.ldg + c, false, h);
+        if (c0 >= a.h) continue;
+        const float g = c < a.h ? gate_value<T>(a.gate, row * a.ldg + c, false) : 0.0f;
+        unsigned active = __ballot_sync(kFullMask, c < a.h && relu_active(g));
+        float h = 0.0f;
+        while (active) {  // the warp's units one at a time, each a warp-wide dot product
+            const int src = __ffs(active) - 1;
+            active &= active - 1;
+            const int64_t col = c0 + src;
+            const float dot = a.fp8.scale[col].x * warp_row_dot_fp8<T>(sx, a.fp8.q + col * a.fp8.stride, nchunks);
+            const float hs = round_to<T>(__shfl_sync(kFullMask, g, src) * round_to<T>(dot));
+            if (lane == src) h = hs;
         }
+        if (c < a.h) gate_store<T>(const_cast<void *>(a.gate), row * a.ldg + c, false, h);
     }
 }
 
-/// y of each dense row: a block per 256-column slice (8 columns a lane); the row's active units
-/// compacted 256 at a time into shared memory in unit order, the warps taking every 8th of them,
-/// their partial sums added in warp order (deterministic).
-template <class T> __global__ void __launch_bounds__(32 * kDenseRowWarps) fwd_y_dense_rows(FwdArgs<T> a) {
-    constexpr int kThreads = 32 * kDenseRowWarps, kUnroll = 4;
+/// y of each dense row: a block per 512-column slice (16 columns a lane); the row's active units
+/// compacted 32 kDenseRowYWarps at a time into shared memory in unit order, the warps taking
+/// every kDenseRowYWarps-th of them, their partial sums added in warp order (deterministic).
+template <class T> __global__ void __launch_bounds__(32 * kDenseRowYWarps) fwd_y_dense_rows(FwdArgs<T> a) {
+    constexpr int kThreads = 32 * kDenseRowYWarps, kUnroll = 4, W = kDenseRowYWarps;
     __shared__ int64_t s_col[kThreads];
     __shared__ float s_h[kThreads];
-    __shared__ int s_warp_n[kDenseRowWarps];
-    __shared__ float s_part[kDenseRowWarps][32 * 8];
+    __shared__ int s_warp_n[W];
+    __shared__ float s_part[W][32 * 16 + 4];  // padded: lanes' 16-float runs on distinct banks
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * 32 + lane) * 8;
-    const uint8_t *down = a.fp8.q + (a.gated ? a.dp : 0) + k0;
+    const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * 32 + lane) * 16;
+    const uint8_t *down = a.fp8.q + (a.gated ? a.fp8.half : 0) + k0;
     const uint32_t rows = *a.dense_count;
     for (uint32_t b = blockIdx.x; b < rows; b += gridDim.x) {
         const int64_t row = a.dense_rows[b];
-        float acc[8];
+        float acc[16];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+        for (int e = 0; e < 16; ++e) acc[e] = 0.0f;
         for (int64_t c0 = 0; c0 < a.h; c0 += kThreads) {
             const int64_t c = c0 + threadIdx.x;
             float v = c < a.h ? gate_value<T>(a.gate, row * a.ldg + c, false) : 0.0f;
@@ -242,7 +299,7 @@ template <class T> __global__ void __launch_bounds__(32 * kDenseRowWarps) fwd_y_
             if (lane == 0) s_warp_n[warp] = __popc(ballot);
             __syncthreads();
             int at = __popc(ballot & ((1u << lane) - 1u)), total = 0;
-            for (int w = 0; w < kDenseRowWarps; ++w) {
+            for (int w = 0; w < W; ++w) {
                 if (w < warp) at += s_warp_n[w];
                 total += s_warp_n[w];
             }
@@ -250,37 +307,37 @@ template <class T> __global__ void __launch_bounds__(32 * kDenseRowWarps) fwd_y_
             __syncthreads();
             if (k0 >= a.dp) continue;
             int k = warp;
-            for (; k + (kUnroll - 1) * kDenseRowWarps < total; k += kUnroll * kDenseRowWarps) {
-                uint2 w[kUnroll];
+            for (; k + (kUnroll - 1) * W < total; k += kUnroll * W) {
+                uint4 w[kUnroll];
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u)
-                    w[u] = *reinterpret_cast<const uint2 *>(down + s_col[k + u * kDenseRowWarps] * a.fp8.stride);
+                    w[u] = *reinterpret_cast<const uint4 *>(down + s_col[k + u * W] * a.fp8.stride);
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u) {
-                    float q[8];
-                    fp8x8_to_float(w[u], q);
+                    float q[16];
+                    fp8x16_to_float(w[u], q);
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[e] = fmaf(s_h[k + u * kDenseRowWarps], q[e], acc[e]);
+                    for (int e = 0; e < 16; ++e) acc[e] = fmaf(s_h[k + u * W], q[e], acc[e]);
                 }
             }
-            for (; k < total; k += kDenseRowWarps) {
-                float q[8];
-                fp8x8_to_float(*reinterpret_cast<const uint2 *>(down + s_col[k] * a.fp8.stride), q);
+            for (; k < total; k += W) {
+                float q[16];
+                fp8x16_to_float(*reinterpret_cast<const uint4 *>(down + s_col[k] * a.fp8.stride), q);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) acc[e] = fmaf(s_h[k], q[e], acc[e]);
+                for (int e = 0; e < 16; ++e) acc[e] = fmaf(s_h[k], q[e], acc[e]);
             }
         }
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s_part[warp][lane * 8 + e] = acc[e];
+        for (int e = 0; e < 16; ++e) s_part[warp][lane * 16 + e] = acc[e];
         __syncthreads();
-        if (warp == 0 && k0 < a.d) {
-            float sum[8];
+        if (warp == 0 && k0 < a.dp) {
+            float sum[16];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
+            for (int e = 0; e < 16; ++e) {
                 sum[e] = 0.0f;
-                for (int w = 0; w < kDenseRowWarps; ++w) sum[e] += s_part[w][lane * 8 + e];
+                for (int w = 0; w < W; ++w) sum[e] += s_part[w][lane * 16 + e];
             }
-            store_chunk(a.y, row, a.y_rs, a.y_cs, a.y_vec, k0, a.d, sum);
+            store_chunk16(a, row, k0, sum);
         }
         __syncthreads();  // s_part is reused by the next row
     }
