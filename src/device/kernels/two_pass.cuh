@@ -44,6 +44,17 @@ template <class T> struct FwdArgs {
     const uint32_t *dense_count;
 };
 
+/// A token's l1: lane 0 of each warp holds its warp's sum; added in warp order (deterministic).
+__device__ inline void store_row_l1(float l1, float *warp_l1, float *dst) {
+    if ((threadIdx.x & 31) == 0) warp_l1[threadIdx.x / 32] = l1;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int w = 0; w < kFwdUWarps; ++w) sum += warp_l1[w];
+        *dst = sum;
+    }
+}
+
 template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdArgs<T> a) {
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 sx[];  // x_t as dp / E chunks
@@ -78,13 +89,7 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdA
             l1 += fabsf(h);
         }
     }
-    if (lane == 0) warp_l1[warp] = l1;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float sum = 0.0f;
-        for (int w = 0; w < kFwdUWarps; ++w) sum += warp_l1[w];
-        a.row_l1[row] = sum;
-    }
+    store_row_l1(l1, warp_l1, a.row_l1 + row);
 }
 
 /// fwd_u of a gated FFN over FP8 rows: the row's unit ids, gate values and up scales staged in
@@ -125,13 +130,7 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u_fp8(
             }
         }
     }
-    if (lane == 0) warp_l1[warp] = l1;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float sum = 0.0f;
-        for (int w = 0; w < kFwdUWarps; ++w) sum += warp_l1[w];
-        a.row_l1[row] = sum;
-    }
+    store_row_l1(l1, warp_l1, a.row_l1 + row);
 }
 
 /// acc[e] += sum over k < n of h[k] * row(col[k])[e] for one thread's 8 (or 4) columns of 16-bit
