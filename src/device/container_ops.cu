@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <vector>
 
 #include "common/pointer_check.hpp"
@@ -22,15 +23,11 @@ static_assert(32 * kWarpsPerBlock == kCheckThreads, "twell_check_rows sizes its 
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::max(1, ceil_div(rows, kWarpsPerBlock))); }
 unsigned flat_blocks(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(4096, std::max<int64_t>(1, (n + 255) / 256))); }
 
-/// Copies `bytes` at `src` back to the host after the stream's work (a setup call's read-back).
+/// Copies `bytes` at `src` back to the host after the stream's work (the sparse -> sparse
+/// conversions' entry totals; ContainerOps::read_back for the verdicts).
 void read_back(cudaStream_t stream, void *dst, const void *src, size_t bytes) {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-}
-template <class T> T read_one(cudaStream_t stream, const uint8_t *base, size_t byte_offset) {
-    T v{};
-    read_back(stream, &v, base + byte_offset, sizeof v);
-    return v;
 }
 
 /// Device memory for one setup call, ordered on its stream (the conversions' APIs have no workspace).
@@ -166,11 +163,20 @@ static_assert(offsetof(InspectResult, first_row) == offsetof(InspectResult, firs
 
 ContainerOps::ContainerOps() : result_(sizeof(InspectResult)) {}
 
+void ContainerOps::read_back(cudaStream_t stream, void *dst, const void *src, size_t bytes) {
+    static_assert(sizeof(InspectResult) <= sizeof(Staging), "a verdict lands in the staging memory");
+    if (bytes > sizeof(Staging)) return twblas::cuda::read_back(stream, dst, src, bytes);
+    auto *landing = const_cast<Staging *>(staging_.host());
+    check(cudaMemcpyAsync(landing->bytes, src, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    std::memcpy(dst, landing->bytes, bytes);
+}
+
 InspectResult *ContainerOps::reset_result(cudaStream_t stream) {
-    // counts 0, "no failing item" all ones: two memsets (a pageable host copy costs more)
+    // counts 0, "no failing item" all ones: one tiny kernel (two memsets cost a launch more)
     auto *res = result_.get<InspectResult>();
-    check(cudaMemsetAsync(res, 0, sizeof *res, stream), "cudaMemsetAsync");
-    check(cudaMemsetAsync(&res->first_item, 0xff, 2 * sizeof res->first_item, stream), "cudaMemsetAsync");
+    reset_inspect_result<<<1, 1, 0, stream>>>(res);
+    check_launch("reset_inspect_result");
     return res;
 }
 
@@ -197,7 +203,8 @@ void ContainerOps::launch_validation(cudaStream_t stream, const twSpMatDescr &s)
     check_launch("container record check");
     if (s.rows > 0) {
         if (twell)
-            twell_check_rows<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(c, res);
+            twell_check_rows<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(
+                c, reinterpret_cast<uintptr_t>(s.buffer) % 16 == 0, res);
         else
             hybrid_check_rows<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(c, res);
         check_launch("container row check");

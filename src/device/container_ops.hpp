@@ -10,6 +10,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+
 #include "common/device_buffer.hpp"
 #include "host/objects.hpp"
 
@@ -48,7 +51,20 @@ class ContainerOps {
     static void complete_verdict(const twSpMatDescr &in, const InspectResult &r);
     /// The result cleared for a new inspection, on the stream.
     InspectResult *reset_result(cudaStream_t stream);
-    DeviceBuffer result_;  // one InspectResult, reused by every call (they synchronise)
+    /// Copies `bytes` at `src` to `dst` after the stream's work and waits for it: through pinned
+    /// memory when they fit it (a copy into pageable memory costs the driver a staging copy and a
+    /// wait of its own), straight otherwise (the failing row a validation message describes).
+    void read_back(cudaStream_t stream, void *dst, const void *src, size_t bytes);
+    template <class T> T read_one(cudaStream_t stream, const uint8_t *base, size_t byte_offset) {
+        T v{};
+        read_back(stream, &v, base + byte_offset, sizeof v);
+        return v;
+    }
+    struct Staging {
+        alignas(16) unsigned char bytes[64];
+    };
+    DeviceBuffer result_;     // one InspectResult, reused by every call (they synchronise)
+    MappedHost<Staging> staging_;  // the pinned landing place of every small read-back
 };
 
 }  // namespace twblas::cuda

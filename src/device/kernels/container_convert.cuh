@@ -94,18 +94,20 @@ __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(Co
     const uint32_t *words = twell_row_words(in, row);
     auto *dst = static_cast<uint16_t *>(out.ptr) + row * out.rs;
     const int64_t tiles = twell_tiles(in);
-    const int per_span = kSpanCols / in.tile, w = in.words_per_block;
+    const int per_span = kSpanCols / in.tile, w = in.words_per_block;  // per_span divides 32
+    int group_count = 0;  // lane q: the count of tile (t0 & ~31) + q, read once for 32 tiles
     for (int64_t t0 = 0; t0 < tiles; t0 += per_span) {
         const int span_tiles = static_cast<int>(min(static_cast<int64_t>(per_span), tiles - t0));
+        const int group_first = static_cast<int>(t0 % 32);
+        if (group_first == 0)
+            group_count = t0 + lane < tiles ? min(static_cast<int>(words[(t0 + lane) * w] & kTwellCountMask), in.slots) : 0;
         for (int i = lane; i < kSpanCols / 8; i += 32) reinterpret_cast<uint4 *>(span)[i] = make_uint4(0, 0, 0, 0);
-        // lane q < span_tiles holds the count of tile t0 + q (per_span <= 16: tiles of 64 columns or more)
-        const int my_count = lane < span_tiles ? min(static_cast<int>(words[(t0 + lane) * w] & kTwellCountMask), in.slots) : 0;
         __syncwarp();
         const uint32_t *span_words = words + t0 * w;
         const int n_words = span_tiles * w;
         for (int base = 0; base < n_words; base += 32) {  // uniform trip count: the shuffle needs every lane
             const int i = base + lane, q = min(i / w, 31), slot = i % w;
-            const int count = __shfl_sync(kFullMask, my_count, q);
+            const int count = __shfl_sync(kFullMask, group_count, (group_first + q) & 31);
             if (i < n_words && slot >= 1 && slot <= count) {
                 const uint32_t e = span_words[i];
                 span[(e & 0xffffu) - t0 * in.tile] = static_cast<uint16_t>(e >> 16);

@@ -23,6 +23,11 @@ struct InspectResult {
 };
 constexpr unsigned long long kNoItem = ~0ull;
 
+/// Counts 0, "no failing item" all ones: the state every inspection starts from.
+__global__ void reset_inspect_result(InspectResult *r) {
+    *r = InspectResult{0, 0, 0, kNoItem, kNoItem, 0};
+}
+
 /// The count at the head of the TwELL record / the hybrid backup count, as an int64.
 __device__ inline long long container_header(const ContainerArgs &c, bool twell) {
     return twell ? static_cast<long long>(reinterpret_cast<const uint32_t *>(c.base)[c.record])
@@ -94,11 +99,38 @@ __device__ inline bool twell_listed(const uint32_t *record, int64_t row, int64_t
     return lo < min(static_cast<int64_t>(record[0]), rows) && record[1 + lo] == row;
 }
 
+/// The first eight words of a TwELL block (its header and slots 1 .. 7; every block has at least
+/// eight words): two 16-byte loads where the buffer is 16-byte aligned, so a tile of up to seven
+/// entries costs the row's warp one round trip instead of one per entry.
+__device__ inline void load_block_head(const uint32_t *block, bool vec, uint32_t (&w)[8]) {
+    if (vec) {
+        const uint4 a = reinterpret_cast<const uint4 *>(block)[0], b = reinterpret_cast<const uint4 *>(block)[1];
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = block[k];
+}
+
+/// One entry of a tile (checks::twell_row's per-entry part): its column inside the tile, and
+/// not seen before in it. `seen` is the calling thread's bitmap of the tile's columns.
+__device__ inline bool twell_entry_ok(uint32_t entry, int64_t lo, int64_t hi, uint32_t *seen) {
+    const int64_t col = entry & 0xffffu;
+    if (col < lo || col >= hi) return false;
+    const uint32_t bit = 1u << ((col - lo) & 31);
+    uint32_t &word = seen[(col - lo) >> 5];
+    if (word & bit) return false;  // a duplicate column
+    word |= bit;
+    return true;
+}
+
 /// One block of a row (checks::twell_row's per-tile part): false on a violation. `seen` is the
 /// calling thread's bitmap of the tile's columns (8 words: tiles are at most 256 wide).
-__device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const ContainerArgs &c, bool &overflow,
+__device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const ContainerArgs &c, bool vec, bool &overflow,
                                       uint32_t *seen) {
-    const uint32_t header = block[0];
+    uint32_t head[8];
+    load_block_head(block, vec, head);
+    const uint32_t header = head[0];
     if (header & ~(kTwellCountMask | kTwellOverflowBit)) return false;
     const int count = static_cast<int>(header & kTwellCountMask);
     if (count > c.slots) return false;
@@ -106,20 +138,18 @@ __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const Co
     overflow |= (header & kTwellOverflowBit) != 0;
     const int64_t lo = t * c.tile, hi = min(lo + c.tile, c.cols);
     for (int k = 0; k < 8; ++k) seen[k] = 0;
-    for (int i = 0; i < count; ++i) {
-        const int64_t col = block[1 + i] & 0xffffu;
-        if (col < lo || col >= hi) return false;
-        const uint32_t bit = 1u << ((col - lo) & 31);
-        uint32_t &word = seen[(col - lo) >> 5];
-        if (word & bit) return false;  // a duplicate column
-        word |= bit;
-    }
-    return true;
+    bool ok = true;
+#pragma unroll
+    for (int i = 0; i < 7; ++i)
+        if (i < count) ok &= twell_entry_ok(head[1 + i], lo, hi, seen);
+    for (int i = 7; ok && i < count; ++i) ok = twell_entry_ok(block[1 + i], lo, hi, seen);
+    return ok;
 }
 
-/// Every row, one warp each (lanes over its tiles): the first failing row.
+/// Every row, one warp each (lanes over its tiles): the first failing row. `vec`: the buffer
+/// is 16-byte aligned (blocks then are too: a block is a multiple of eight words).
 constexpr int kCheckThreads = 128;
-__global__ void __launch_bounds__(kCheckThreads) twell_check_rows(ContainerArgs c, InspectResult *out) {
+__global__ void __launch_bounds__(kCheckThreads) twell_check_rows(ContainerArgs c, bool vec, InspectResult *out) {
     __shared__ uint32_t seen[kCheckThreads][8];
     const int64_t row = warp_row();
     if (row >= c.rows) return;
@@ -127,7 +157,8 @@ __global__ void __launch_bounds__(kCheckThreads) twell_check_rows(ContainerArgs 
     const uint32_t *words = reinterpret_cast<const uint32_t *>(c.base) + row * c.ld;
     const int64_t tiles = (c.cols + c.tile - 1) / c.tile;
     bool ok = true, overflow = false;
-    for (int64_t t = lane; t < tiles; t += 32) ok &= twell_block_ok(words + t * c.words_per_block, t, c, overflow, seen[threadIdx.x]);
+    for (int64_t t = lane; t < tiles; t += 32)
+        ok &= twell_block_ok(words + t * c.words_per_block, t, c, vec, overflow, seen[threadIdx.x]);
     ok = __all_sync(0xffffffffu, ok);
     overflow = __any_sync(0xffffffffu, overflow);
     if (lane == 0) {
