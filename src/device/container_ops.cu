@@ -195,20 +195,17 @@ void ContainerOps::launch_validation(cudaStream_t stream, const twSpMatDescr &s)
     InspectResult *res = reset_result(stream);
     const ContainerArgs c = container_args(s);
     const bool twell = s.format == TW_FORMAT_TWELL;
-    // the record entries / backup slots: at most one per row
+    // one launch: the row blocks, then blocks for the record entries / backup slots (at most one
+    // per row; the kernel's blocks are kCheckThreads wide)
+    const unsigned rows = row_blocks(s.rows);
+    const int64_t items = twell ? s.rows : std::min(s.rows, s.hybrid.backup_rows);
+    const unsigned items_blocks = static_cast<unsigned>(std::min<int64_t>(4096, std::max<int64_t>(1, ceil_div(items, kCheckThreads))));
     if (twell)
-        twell_check_record<<<flat_blocks(s.rows), 256, 0, stream>>>(c, res);
+        twell_check<<<rows + items_blocks, kCheckThreads, 0, stream>>>(c, reinterpret_cast<uintptr_t>(s.buffer) % 16 == 0,
+                                                                        rows, res);
     else
-        hybrid_check_slots<<<flat_blocks(std::min(s.rows, s.hybrid.backup_rows)), 256, 0, stream>>>(c, res);
-    check_launch("container record check");
-    if (s.rows > 0) {
-        if (twell)
-            twell_check_rows<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(
-                c, reinterpret_cast<uintptr_t>(s.buffer) % 16 == 0, res);
-        else
-            hybrid_check_rows<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(c, res);
-        check_launch("container row check");
-    }
+        hybrid_check<<<rows + items_blocks, kCheckThreads, 0, stream>>>(c, rows, res);
+    check_launch("container validation");
 }
 
 InspectResult ContainerOps::fetch_result(cudaStream_t stream) {
@@ -326,8 +323,8 @@ twStatus_t ContainerOps::sparse_to_dense(cudaStream_t stream, const twSpMatDescr
         // one pass, each row written once, queued behind the validation, which it obeys on the
         // device: one read-back decides both
         launch_validation(stream, in);
-        twell_rows_to_dense<<<row_blocks(in.rows), 32 * kWarpsPerRowBlock, 0, stream>>>(container_args(in), dense,
-                                                                                       result_.get<InspectResult>());
+        twell_rows_to_dense<<<row_blocks(in.rows), 32 * kWarpsPerRowBlock, 0, stream>>>(
+            container_args(in), dense, reinterpret_cast<uintptr_t>(in.buffer) % 16 == 0, result_.get<InspectResult>());
         check_launch("twell_rows_to_dense");
         const InspectResult r = fetch_result(stream);
         report(stream, in, "in", r);

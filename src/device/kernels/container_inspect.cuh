@@ -76,13 +76,12 @@ __global__ void container_info(ContainerArgs c, bool twell, InspectResult *out) 
 // ---- validation, TwELL
 
 /// The record count, and entries 0 .. min(listed, rows) - 1: in range and ascending
-/// (checks::twell_record_entry).
-__global__ void twell_check_record(ContainerArgs c, InspectResult *out) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) out->header = container_header(c, true);
+/// (checks::twell_record_entry). Run by `blocks` blocks of the validation kernel, this one `block`.
+__device__ inline void twell_check_record(const ContainerArgs &c, int64_t block, int64_t blocks, InspectResult *out) {
+    if (block == 0 && threadIdx.x == 0) out->header = container_header(c, true);
     const uint32_t *record = reinterpret_cast<const uint32_t *>(c.base) + c.record;
     const int64_t listed = min(static_cast<int64_t>(record[0]), c.rows);
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < listed;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    for (int64_t i = block * blockDim.x + threadIdx.x; i < listed; i += blocks * blockDim.x) {
         const uint32_t id = record[1 + i];
         if (id >= c.rows || (i > 0 && id <= record[i])) atomicMin(&out->first_item, static_cast<unsigned long long>(i));
     }
@@ -146,10 +145,14 @@ __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const Co
     return ok;
 }
 
-/// Every row, one warp each (lanes over its tiles): the first failing row. `vec`: the buffer
+/// TwELL validation in one launch: blocks below `row_blocks` check a row a warp (lanes over its
+/// tiles) for the first failing row, the others the record (one launch fewer than a kernel each:
+/// ~3.6 us of host time a launch on an H100, bench/probes/readback_probe.cu). `vec`: the buffer
 /// is 16-byte aligned (blocks then are too: a block is a multiple of eight words).
 constexpr int kCheckThreads = 128;
-__global__ void __launch_bounds__(kCheckThreads) twell_check_rows(ContainerArgs c, bool vec, InspectResult *out) {
+__global__ void __launch_bounds__(kCheckThreads) twell_check(ContainerArgs c, bool vec, int64_t row_blocks,
+                                                             InspectResult *out) {
+    if (blockIdx.x >= row_blocks) return twell_check_record(c, blockIdx.x - row_blocks, gridDim.x - row_blocks, out);
     __shared__ uint32_t seen[kCheckThreads][8];
     const int64_t row = warp_row();
     if (row >= c.rows) return;
@@ -177,20 +180,22 @@ __device__ inline int64_t hybrid_filled_slots(const ContainerArgs &c) {
 }
 
 /// The backup count, and the filled slots: their row id in range and mapped back to them
-/// (checks::hybrid_slot).
-__global__ void hybrid_check_slots(ContainerArgs c, InspectResult *out) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) out->header = container_header(c, false);
+/// (checks::hybrid_slot). Run by `blocks` blocks of the validation kernel, this one `block`.
+__device__ inline void hybrid_check_slots(const ContainerArgs &c, int64_t block, int64_t blocks, InspectResult *out) {
+    if (block == 0 && threadIdx.x == 0) out->header = container_header(c, false);
     const int64_t stored = hybrid_filled_slots(c);
     const int32_t *ids = at<const int32_t>(c, c.backup_row_ids), *map = at<const int32_t>(c, c.backup_map);
-    for (int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < stored;
-         s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    for (int64_t s = block * blockDim.x + threadIdx.x; s < stored; s += blocks * blockDim.x) {
         const int64_t r = ids[s];
         if (r < 0 || r >= c.rows || map[r] != s) atomicMin(&out->first_item, static_cast<unsigned long long>(s));
     }
 }
 
-/// Every row, one warp each (checks::hybrid_row): the first failing row, and the rows over E.
-__global__ void hybrid_check_rows(ContainerArgs c, InspectResult *out) {
+/// Hybrid validation in one launch: blocks below `row_blocks` check a row a warp
+/// (checks::hybrid_row) for the first failing row and count the rows over E, the others the
+/// backup slots.
+__global__ void hybrid_check(ContainerArgs c, int64_t row_blocks, InspectResult *out) {
+    if (blockIdx.x >= row_blocks) return hybrid_check_slots(c, blockIdx.x - row_blocks, gridDim.x - row_blocks, out);
     const int64_t row = warp_row();
     if (row >= c.rows) return;
     const int lane = static_cast<int>(lane_id());
