@@ -158,10 +158,16 @@ size_t dense_bytes_of(const twDnMatDescr &d) {
 
 }  // namespace
 
-static_assert(offsetof(InspectResult, first_row) == offsetof(InspectResult, first_item) + 8,
-              "reset_result sets both with one memset");
+ContainerOps::ContainerOps() : result_(2 * sizeof(InspectResult)) {
+    // both slots clear before the first call (setup: a blocking copy)
+    const InspectResult clear[2] = {clear_result(), clear_result()};
+    check(cudaMemcpy(result_.get(), clear, sizeof clear, cudaMemcpyHostToDevice), "cudaMemcpy");
+}
 
-ContainerOps::ContainerOps() : result_(sizeof(InspectResult)) {}
+ContainerOps::Slots ContainerOps::slots() const {
+    auto *r = result_.get<InspectResult>();
+    return {r + slot_, r + (slot_ ^ 1)};
+}
 
 void ContainerOps::read_back(cudaStream_t stream, void *dst, const void *src, size_t bytes) {
     static_assert(sizeof(InspectResult) <= sizeof(Staging), "a verdict lands in the staging memory");
@@ -172,27 +178,21 @@ void ContainerOps::read_back(cudaStream_t stream, void *dst, const void *src, si
     std::memcpy(dst, landing->bytes, bytes);
 }
 
-InspectResult *ContainerOps::reset_result(cudaStream_t stream) {
-    // counts 0, "no failing item" all ones: one tiny kernel (two memsets cost a launch more)
-    auto *res = result_.get<InspectResult>();
-    reset_inspect_result<<<1, 1, 0, stream>>>(res);
-    check_launch("reset_inspect_result");
-    return res;
-}
 
 twSpMatInfo_t ContainerOps::info(cudaStream_t stream, const twSpMatDescr &s) {
     require_device_accessible(s.buffer, "descr");
-    InspectResult *res = reset_result(stream);
+    const Slots r = slots();
     container_info<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(container_args(s), s.format == TW_FORMAT_TWELL,
-                                                                         res);
+                                                                         r.use, r.clear);
     check_launch("container_info");
-    InspectResult r{};
-    read_back(stream, &r, res, sizeof r);
-    return {static_cast<int64_t>(r.nnz), r.max_row, r.header, 0};
+    advance();
+    InspectResult got{};
+    read_back(stream, &got, r.use, sizeof got);
+    return {static_cast<int64_t>(got.nnz), got.max_row, got.header, 0};
 }
 
-void ContainerOps::launch_validation(cudaStream_t stream, const twSpMatDescr &s) {
-    InspectResult *res = reset_result(stream);
+const InspectResult *ContainerOps::launch_validation(cudaStream_t stream, const twSpMatDescr &s) {
+    const Slots r = slots();
     const ContainerArgs c = container_args(s);
     const bool twell = s.format == TW_FORMAT_TWELL;
     // one launch: the row blocks, then blocks for the record entries / backup slots (at most one
@@ -202,15 +202,17 @@ void ContainerOps::launch_validation(cudaStream_t stream, const twSpMatDescr &s)
     const unsigned items_blocks = static_cast<unsigned>(std::min<int64_t>(4096, std::max<int64_t>(1, ceil_div(items, kCheckThreads))));
     if (twell)
         twell_check<<<rows + items_blocks, kCheckThreads, 0, stream>>>(c, reinterpret_cast<uintptr_t>(s.buffer) % 16 == 0,
-                                                                        rows, res);
+                                                                        rows, r.use, r.clear);
     else
-        hybrid_check<<<rows + items_blocks, kCheckThreads, 0, stream>>>(c, rows, res);
+        hybrid_check<<<rows + items_blocks, kCheckThreads, 0, stream>>>(c, rows, r.use, r.clear);
     check_launch("container validation");
+    advance();
+    return r.use;
 }
 
-InspectResult ContainerOps::fetch_result(cudaStream_t stream) {
+InspectResult ContainerOps::fetch_result(cudaStream_t stream, const InspectResult *result) {
     InspectResult r{};
-    read_back(stream, &r, result_.get<InspectResult>(), sizeof r);
+    read_back(stream, &r, result, sizeof r);
     return r;
 }
 
@@ -218,8 +220,7 @@ void ContainerOps::validate(cudaStream_t stream, const twSpMatDescr &s, const ch
 
 InspectResult ContainerOps::checked(cudaStream_t stream, const twSpMatDescr &s, const char *name) {
     require_device_accessible(s.buffer, name);
-    launch_validation(stream, s);
-    const InspectResult r = fetch_result(stream);
+    const InspectResult r = fetch_result(stream, launch_validation(stream, s));
     report(stream, s, name, r);
     return r;
 }
@@ -294,16 +295,16 @@ void ContainerOps::complete_verdict(const twSpMatDescr &in, const InspectResult 
 twStatus_t ContainerOps::dense_to_sparse_analysis(cudaStream_t stream, const twDnMatDescr &in, const twSpMatDescr &out,
                                                   twConvertOp_t op) {
     require_device_accessible(in.values, "in");
-    auto *misses = result_.get<unsigned long long>();
-    check(cudaMemsetAsync(misses, 0, sizeof *misses, stream), "cudaMemsetAsync");
+    const Slots r = slots();
     if (in.rows > 0 && in.cols > 0) {
         count_compact_misses<<<row_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(
             matrix_arg(in), op, container_args(out), out.format == TW_FORMAT_TWELL,
-            dense_rows_vectorizable(matrix_arg(in), out.type), misses);
+            dense_rows_vectorizable(matrix_arg(in), out.type), &r.use->nnz, r.clear);
         check_launch("count_compact_misses");
+        advance();
     }
-    unsigned long long n = 0;
-    read_back(stream, &n, misses, sizeof n);
+    unsigned long long n = 0;  // with no launch the slot in use is still clear: 0
+    read_back(stream, &n, &r.use->nnz, sizeof n);
     checks::dense_to_sparse_capacity(out, static_cast<int64_t>(n));
     return TW_STATUS_SUCCESS;
 }
@@ -322,11 +323,11 @@ twStatus_t ContainerOps::sparse_to_dense(cudaStream_t stream, const twSpMatDescr
     if (in.format == TW_FORMAT_TWELL && !out.empty() && rows_aligned16(dense)) {
         // one pass, each row written once, queued behind the validation, which it obeys on the
         // device: one read-back decides both
-        launch_validation(stream, in);
+        const InspectResult *verdict = launch_validation(stream, in);
         twell_rows_to_dense<<<row_blocks(in.rows), 32 * kWarpsPerRowBlock, 0, stream>>>(
-            container_args(in), dense, reinterpret_cast<uintptr_t>(in.buffer) % 16 == 0, result_.get<InspectResult>());
+            container_args(in), dense, reinterpret_cast<uintptr_t>(in.buffer) % 16 == 0, verdict);
         check_launch("twell_rows_to_dense");
-        const InspectResult r = fetch_result(stream);
+        const InspectResult r = fetch_result(stream, verdict);
         report(stream, in, "in", r);
         complete_verdict(in, r);
         return TW_STATUS_SUCCESS;

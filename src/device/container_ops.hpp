@@ -42,15 +42,21 @@ class ContainerOps {
     void require_complete(cudaStream_t stream, const twSpMatDescr &in);
     /// validate(), returning what the device found (the record / backup count included).
     InspectResult checked(cudaStream_t stream, const twSpMatDescr &s, const char *name);
-    /// The validation kernels, queued: they leave their findings in the result.
-    void launch_validation(cudaStream_t stream, const twSpMatDescr &s);
-    InspectResult fetch_result(cudaStream_t stream);
+    /// The validation kernel, queued: it leaves its findings in the result it returns.
+    const InspectResult *launch_validation(cudaStream_t stream, const twSpMatDescr &s);
+    InspectResult fetch_result(cudaStream_t stream, const InspectResult *result);
     /// The host side of validation: the first failing item's check, which throws its message.
     void report(cudaStream_t stream, const twSpMatDescr &s, const char *name, const InspectResult &r);
     /// INCOMPLETE_INPUT when a validated `in` records rows it could not hold.
     static void complete_verdict(const twSpMatDescr &in, const InspectResult &r);
-    /// The result cleared for a new inspection, on the stream.
-    InspectResult *reset_result(cudaStream_t stream);
+    /// The two result slots of an inspection: `use` is clear (the call before cleared it), and
+    /// the inspection's first kernel clears `clear`, the slot the call before used, for the next
+    /// one, so no call spends a launch on clearing. After that kernel is queued, advance().
+    struct Slots {
+        InspectResult *use, *clear;
+    };
+    Slots slots() const;
+    void advance() { slot_ ^= 1; }
     /// Copies `bytes` at `src` to `dst` after the stream's work and waits for it: through pinned
     /// memory when they fit it (a copy into pageable memory costs the driver a staging copy and a
     /// wait of its own), straight otherwise (the failing row a validation message describes).
@@ -63,7 +69,8 @@ class ContainerOps {
     struct Staging {
         alignas(16) unsigned char bytes[64];
     };
-    DeviceBuffer result_;     // one InspectResult, reused by every call (they synchronise)
+    DeviceBuffer result_;     // two InspectResult slots, used in turn by the calls (they synchronise)
+    int slot_ = 0;            // the slot the next call uses
     MappedHost<Staging> staging_;  // the pinned landing place of every small read-back
 };
 

@@ -310,7 +310,8 @@ __global__ void hybrid_backup_from_entries(EntryLists in, ContainerArgs out, con
 /// One warp per row, 256 columns per step (8 per lane): a TwELL tile over S kept values, or a
 /// hybrid row over E; the count of such rows goes to *misses.
 __global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool twell, bool vec,
-                                     unsigned long long *misses) {
+                                     unsigned long long *misses, InspectResult *clear) {
+    clear_other_slot(clear);
     const int64_t row = warp_row();
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());

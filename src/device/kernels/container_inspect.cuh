@@ -24,8 +24,11 @@ struct InspectResult {
 constexpr unsigned long long kNoItem = ~0ull;
 
 /// Counts 0, "no failing item" all ones: the state every inspection starts from.
-__global__ void reset_inspect_result(InspectResult *r) {
-    *r = InspectResult{0, 0, 0, kNoItem, kNoItem, 0};
+__host__ __device__ constexpr InspectResult clear_result() { return {0, 0, 0, kNoItem, kNoItem, 0}; }
+/// The first thread of an inspection's first kernel clears the other result slot for the next
+/// inspection (ContainerOps::Slots): nothing else of this call touches it.
+__device__ inline void clear_other_slot(InspectResult *clear) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *clear = clear_result();
 }
 
 /// The count at the head of the TwELL record / the hybrid backup count, as an int64.
@@ -37,7 +40,8 @@ __device__ inline long long container_header(const ContainerArgs &c, bool twell)
 // ---- info: one warp per row; the block sums its rows before one global atomic (a global
 // atomic per row serialises on one address)
 
-__global__ void container_info(ContainerArgs c, bool twell, InspectResult *out) {
+__global__ void container_info(ContainerArgs c, bool twell, InspectResult *out, InspectResult *clear) {
+    clear_other_slot(clear);
     __shared__ unsigned long long block_nnz;
     __shared__ long long block_max;
     const int64_t row = warp_row();
@@ -123,8 +127,10 @@ __device__ inline bool twell_entry_ok(uint32_t entry, int64_t lo, int64_t hi, ui
     return true;
 }
 
-/// One block of a row (checks::twell_row's per-tile part): false on a violation. `seen` is the
-/// calling thread's bitmap of the tile's columns (8 words: tiles are at most 256 wide).
+/// One block of a row (checks::twell_row's per-tile part): false on a violation. Up to seven
+/// entries (nearly every tile of a sparse row) are checked in registers, pair by pair; more
+/// through `seen`, the calling thread's bitmap of the tile's columns (8 words: tiles are at most
+/// 256 wide).
 __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const ContainerArgs &c, bool vec, bool &overflow,
                                       uint32_t *seen) {
     uint32_t head[8];
@@ -136,11 +142,21 @@ __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const Co
     if ((header & kTwellOverflowBit) && count != c.slots) return false;
     overflow |= (header & kTwellOverflowBit) != 0;
     const int64_t lo = t * c.tile, hi = min(lo + c.tile, c.cols);
-    for (int k = 0; k < 8; ++k) seen[k] = 0;
     bool ok = true;
+    if (count <= 7) {
 #pragma unroll
-    for (int i = 0; i < 7; ++i)
-        if (i < count) ok &= twell_entry_ok(head[1 + i], lo, hi, seen);
+        for (int i = 0; i < 7; ++i) {
+            if (i >= count) break;
+            const int64_t col = head[1 + i] & 0xffffu;
+            ok &= col >= lo && col < hi;
+#pragma unroll
+            for (int j = 0; j < i; ++j) ok &= (head[1 + j] & 0xffffu) != col;  // a duplicate column
+        }
+        return ok;
+    }
+    for (int k = 0; k < 8; ++k) seen[k] = 0;
+#pragma unroll
+    for (int i = 0; i < 7; ++i) ok &= twell_entry_ok(head[1 + i], lo, hi, seen);
     for (int i = 7; ok && i < count; ++i) ok = twell_entry_ok(block[1 + i], lo, hi, seen);
     return ok;
 }
@@ -151,13 +167,16 @@ __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const Co
 /// is 16-byte aligned (blocks then are too: a block is a multiple of eight words).
 constexpr int kCheckThreads = 128;
 __global__ void __launch_bounds__(kCheckThreads) twell_check(ContainerArgs c, bool vec, int64_t row_blocks,
-                                                             InspectResult *out) {
+                                                             InspectResult *out, InspectResult *clear) {
+    clear_other_slot(clear);
     if (blockIdx.x >= row_blocks) return twell_check_record(c, blockIdx.x - row_blocks, gridDim.x - row_blocks, out);
     __shared__ uint32_t seen[kCheckThreads][8];
     const int64_t row = warp_row();
     if (row >= c.rows) return;
     const int lane = static_cast<int>(lane_id());
     const uint32_t *words = reinterpret_cast<const uint32_t *>(c.base) + row * c.ld;
+    const uint32_t *record = reinterpret_cast<const uint32_t *>(c.base) + c.record;
+    const uint32_t listed_rows = lane == 0 ? record[0] : 0u;  // in flight with the blocks' loads
     const int64_t tiles = (c.cols + c.tile - 1) / c.tile;
     bool ok = true, overflow = false;
     for (int64_t t = lane; t < tiles; t += 32)
@@ -165,7 +184,7 @@ __global__ void __launch_bounds__(kCheckThreads) twell_check(ContainerArgs c, bo
     ok = __all_sync(0xffffffffu, ok);
     overflow = __any_sync(0xffffffffu, overflow);
     if (lane == 0) {
-        const bool listed = twell_listed(reinterpret_cast<const uint32_t *>(c.base) + c.record, row, c.rows);
+        const bool listed = listed_rows != 0 && twell_listed(record, row, c.rows);
         if (!ok || overflow != listed)
             atomicMin(&out->first_row, (static_cast<unsigned long long>(row) << 1) | (listed ? 1u : 0u));
     }
@@ -194,7 +213,8 @@ __device__ inline void hybrid_check_slots(const ContainerArgs &c, int64_t block,
 /// Hybrid validation in one launch: blocks below `row_blocks` check a row a warp
 /// (checks::hybrid_row) for the first failing row and count the rows over E, the others the
 /// backup slots.
-__global__ void hybrid_check(ContainerArgs c, int64_t row_blocks, InspectResult *out) {
+__global__ void hybrid_check(ContainerArgs c, int64_t row_blocks, InspectResult *out, InspectResult *clear) {
+    clear_other_slot(clear);
     if (blockIdx.x >= row_blocks) return hybrid_check_slots(c, blockIdx.x - row_blocks, gridDim.x - row_blocks, out);
     const int64_t row = warp_row();
     if (row >= c.rows) return;
