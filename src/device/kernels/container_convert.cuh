@@ -107,10 +107,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(Co
 #pragma unroll
         for (int i = 0; i < 7; ++i)
             if (i < count) dst[head[1 + i] & 0xffffu] = static_cast<uint16_t>(head[1 + i] >> 16);
-        for (int i = 7; i < count; ++i) {
-            const uint32_t e = block[1 + i];
-            dst[e & 0xffffu] = static_cast<uint16_t>(e >> 16);
-        }
+        for_block_tail(block, count, vec, [&](uint32_t e) { dst[e & 0xffffu] = static_cast<uint16_t>(e >> 16); });
     }
 }
 

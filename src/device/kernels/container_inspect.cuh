@@ -115,6 +115,26 @@ __device__ inline void load_block_head(const uint32_t *block, bool vec, uint32_t
     for (int k = 0; k < 8; ++k) w[k] = block[k];
 }
 
+/// Entries 7 .. count - 1 of a TwELL block (words 8 .. count) to f(entry), four words a load
+/// where `vec` (word 8 of a block is 32-byte aligned, and count <= W - 1 keeps the last load
+/// inside the block, W being a multiple of 8).
+template <class F> __device__ inline void for_block_tail(const uint32_t *block, int count, bool vec, F &&f) {
+#pragma unroll 2
+    for (int i = 8; i <= count; i += 4) {
+        uint32_t q[4];
+        if (vec) {
+            const uint4 v = *reinterpret_cast<const uint4 *>(block + i);
+            q[0] = v.x, q[1] = v.y, q[2] = v.z, q[3] = v.w;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) q[k] = i + k <= count ? block[i + k] : 0u;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (i + k <= count) f(q[k]);
+    }
+}
+
 /// One entry of a tile (checks::twell_row's per-entry part): its column inside the tile, and
 /// not seen before in it. `seen` is the calling thread's bitmap of the tile's columns.
 __device__ inline bool twell_entry_ok(uint32_t entry, int64_t lo, int64_t hi, uint32_t *seen) {
@@ -157,7 +177,7 @@ __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const Co
     for (int k = 0; k < 8; ++k) seen[k] = 0;
 #pragma unroll
     for (int i = 0; i < 7; ++i) ok &= twell_entry_ok(head[1 + i], lo, hi, seen);
-    for (int i = 7; ok && i < count; ++i) ok = twell_entry_ok(block[1 + i], lo, hi, seen);
+    for_block_tail(block, count, vec, [&](uint32_t e) { ok &= twell_entry_ok(e, lo, hi, seen); });
     return ok;
 }
 
