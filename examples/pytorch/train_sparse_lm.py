@@ -152,6 +152,32 @@ class FfnTimer:
         return total
 
 
+def profile_steps(step, n, device, timer):
+    """Where n training steps spend their time, under the torch profiler: host wall time per step,
+    the FFN spans as the events measure them, the GPU's kernel time per step (all kernels, and
+    twblas's and the FFNs' GEMMs apart are in the table), and the ops with the most host time."""
+    from torch.profiler import profile, ProfilerActivity
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for _ in range(3):
+        step()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    timer.total_ms()
+    with profile(activities=acts) as p:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        sync()
+        wall = (time.perf_counter() - t0) * 1e3 / n
+    ffn = timer.total_ms() / n
+    ev = p.key_averages()
+    gpu = sum(e.self_device_time_total for e in ev) / 1e3 / n if device.type == "cuda" else 0.0
+    table = ev.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60)
+    if device.type == "cuda":
+        table += "\n" + ev.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60)
+    return {"wall_ms_per_step": wall, "ffn_ms_per_step": ffn, "gpu_kernel_ms_per_step": gpu, "table": table}
+
+
 def unit_summary(counts, tokens):
     """Dead units, units active on over 10 % of the tokens, and the five highest firing rates."""
     rates = counts.double().cpu() / max(1, tokens)
@@ -181,6 +207,9 @@ def main():
     ap.add_argument("--no-save-dense", dest="save_dense", action="store_false",
                     help="do not keep g and u for the backward while the FFNs run in dense mode (the early "
                          "steps, before sparsity emerges): less memory, slower steps (TW_FFN_ATTR_SAVE_DENSE)")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="after training, run N more steps of each model under the torch profiler and write "
+                         "where the time went (host, GPU kernels, idle GPU) to profile.txt and the log")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -266,6 +295,23 @@ def main():
             print(f"step {step:5d}  loss sparse {s['loss']:.3f} dense {d['loss']:.3f}  active/layer [{act}] of {d_ff}"
                   f"  ffn ms {s['ffn_ms']:.1f} vs {d['ffn_ms']:.1f}  tok/s {s['tokens_per_s']:.0f} vs {d['tokens_per_s']:.0f}",
                   flush=True)
+    if args.profile_steps > 0 and rank == 0:
+        log["profile"] = {}
+        for name, m in models.items():
+            def one_step(m=m, name=name):
+                x, y = batch(train)
+                opts[name].zero_grad(set_to_none=True)
+                logits = m(x, timer)
+                ce = F.cross_entropy(logits.float().view(-1, 256), y.view(-1))
+                l1 = sum(blk.mlp.l1 for blk in blocks(m))
+                (ce + args.l1 * l1 if name == "sparse" else ce).backward()
+                opts[name].step()
+            log["profile"][name] = profile_steps(one_step, args.profile_steps, device, timer)
+        with open(os.path.join(args.out, "profile.txt"), "w") as f:
+            for name, prof in log["profile"].items():
+                f.write(f"== {name}\n{prof['table']}\n")
+        for name, prof in log["profile"].items():
+            print(f"profile {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in prof.items() if k != "table"))
     with torch.no_grad():
         xv, yv = batch(val)
         log["val_loss"] = {n: mean_over_processes(F.cross_entropy(m(xv, timer).float().view(-1, 256), yv.view(-1)).item())
