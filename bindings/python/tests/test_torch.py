@@ -172,6 +172,32 @@ def test_eager_inference_equals_the_op(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gated", [True, False])
+def test_eager_training_equals_the_op(device, gated):
+    # eager training runs the ops' implementations under an autograd.Function, without the
+    # dispatcher; the custom op with its registered autograd (what torch.compile traces) must give
+    # the same bits: outputs, l1, and every gradient, l1's included
+    torch.manual_seed(9)
+    dense = DenseMLP(24, 64, gated, device=device)
+    w = [t.detach() for t in _weights(dense) if t is not None]
+    for seed in range(2):
+        x = torch.randn(6, 24, device=device, generator=torch.Generator(device).manual_seed(seed))
+        grads = []
+        for via_op in (False, True):
+            leaves = [t.clone().requires_grad_(True) for t in [x] + w]
+            xs, ws = leaves[0], leaves[1:]
+            wg, wu, wd = (ws[0], ws[1], ws[2]) if gated else (None, ws[0], ws[1])
+            if via_op:
+                y, l1, _ = torch.ops.twblas.ffn_forward(xs, wg, wu, wd, True, False)
+            else:
+                y, l1 = sparse_ffn(xs, wg, wu, wd)
+            (y.square().sum() + 0.3 * l1).backward()
+            grads.append([y.detach(), l1.detach()] + [t.grad for t in leaves])
+        assert all(torch.equal(a, b) for a, b in zip(*grads))
+        assert _rel(grads[0][0], dense(x)[0]) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_neuron_counts(device):
     # each unit's count is the number of tokens whose gate is above zero, summed over forwards
     torch.manual_seed(6)

@@ -358,9 +358,8 @@ def _(x, w_gate, w_up, w_down, training, save_dense):
             x.new_empty(saved_len, dtype=torch.uint8))
 
 
-@torch.library.custom_op("twblas::ffn_backward", mutates_args=())
-def _ffn_backward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, saved: Tensor, dy: Tensor,
-                  dl1: Tensor) -> List[Tensor]:
+def _backward_impl(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, saved: Tensor, dy: Tensor,
+                   dl1: Tensor) -> List[Tensor]:
     """[dx, dw_up, dw_down, dw_gate (empty for a plain FFN)]; dl1, l1's incoming gradient, is the
     C API's l1Coeff, which the backward's kernels read from the tensor (no read-back)."""
     if saved.numel() == 0 and x.shape[0] > 0:
@@ -397,6 +396,9 @@ def _ffn_backward(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Ten
     return [dx, dwu, dwd, dwg]
 
 
+_ffn_backward = torch.library.custom_op("twblas::ffn_backward", mutates_args=())(_backward_impl)
+
+
 @_ffn_backward.register_fake
 def _(x, w_gate, w_up, w_down, saved, dy, dl1):
     dwg = torch.empty_like(w_gate) if w_gate is not None else x.new_empty(0)
@@ -421,6 +423,30 @@ def _backward(ctx, dy, dl1, dsaved):
 
 
 torch.library.register_autograd("twblas::ffn_forward", _backward, setup_context=_setup_context)
+
+
+class _EagerTraining(torch.autograd.Function):
+    """The custom ops' forward and backward for eager training, without the op dispatcher (the
+    custom op and its autograd registration stay for torch.compile): the dispatcher's schema and
+    autograd glue cost more host time per layer than the C calls, and a small model's training
+    step is host-bound (docs/pytorch/README.md). Same implementations, so the same bits."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, w_down, save_dense):
+        y, l1, saved = _forward_impl(x, w_gate, w_up, w_down, True, save_dense)
+        ctx.gated = w_gate is not None
+        ctx.save_for_backward(x, w_gate, w_up, w_down, saved)
+        return y, l1
+
+    @staticmethod
+    def backward(ctx, dy, dl1):
+        x, w_gate, w_up, w_down, saved = ctx.saved_tensors
+        if dy is None:
+            dy = torch.zeros_like(x)
+        if dl1 is None:
+            dl1 = x.new_zeros((), dtype=torch.float32)
+        dx, dwu, dwd, dwg = _backward_impl(x, w_gate, w_up, w_down, saved, dy, dl1)
+        return dx, (dwg if ctx.gated else None), dwu, dwd, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,6 +477,8 @@ def sparse_ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor
         # eager inference needs neither autograd nor tracing: the op's implementation without the
         # dispatcher, which costs more host time than the C call at a few tokens
         y, l1, _ = _forward_impl(x2, w_gate, w_up, w_down, False, save_dense)
+    elif training and _eager(x2, w_gate, w_up, w_down):
+        y, l1 = _EagerTraining.apply(x2, w_gate, w_up, w_down, save_dense)
     else:
         y, l1, _ = _ffn_forward(x2, w_gate, w_up, w_down, training, save_dense)
     return y.reshape(shape), l1
