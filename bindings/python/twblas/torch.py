@@ -412,14 +412,20 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, w_gate, w_up, w_down, saved)
 
 
-def _backward(ctx, dy, dl1, dsaved):
+def _gradients(ctx, dy, dl1, backward):
+    """(dx, dw_gate or None, dw_up, dw_down) from the saved tensors, through `backward` (the
+    custom op, or its implementation in eager training)."""
     x, w_gate, w_up, w_down, saved = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros_like(x)
     if dl1 is None:
         dl1 = x.new_zeros((), dtype=torch.float32)
-    dx, dwu, dwd, dwg = _ffn_backward(x, w_gate, w_up, w_down, saved, dy, dl1)
-    return dx, (dwg if ctx.gated else None), dwu, dwd, None, None
+    dx, dwu, dwd, dwg = backward(x, w_gate, w_up, w_down, saved, dy, dl1)
+    return dx, (dwg if ctx.gated else None), dwu, dwd
+
+
+def _backward(ctx, dy, dl1, dsaved):
+    return _gradients(ctx, dy, dl1, _ffn_backward) + (None, None)
 
 
 torch.library.register_autograd("twblas::ffn_forward", _backward, setup_context=_setup_context)
@@ -434,19 +440,12 @@ class _EagerTraining(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down, save_dense):
         y, l1, saved = _forward_impl(x, w_gate, w_up, w_down, True, save_dense)
-        ctx.gated = w_gate is not None
-        ctx.save_for_backward(x, w_gate, w_up, w_down, saved)
+        _setup_context(ctx, (x, w_gate, w_up, w_down, True, save_dense), (y, l1, saved))
         return y, l1
 
     @staticmethod
     def backward(ctx, dy, dl1):
-        x, w_gate, w_up, w_down, saved = ctx.saved_tensors
-        if dy is None:
-            dy = torch.zeros_like(x)
-        if dl1 is None:
-            dl1 = x.new_zeros((), dtype=torch.float32)
-        dx, dwu, dwd, dwg = _backward_impl(x, w_gate, w_up, w_down, saved, dy, dl1)
-        return dx, (dwg if ctx.gated else None), dwu, dwd, None
+        return _gradients(ctx, dy, dl1, _backward_impl) + (None,)
 
 
 # ---------------------------------------------------------------------------------------------
