@@ -281,6 +281,63 @@ TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and
     }
 }
 
+TEST_CASE("CUDA conversions: a TwELL buffer on 4 bytes, not 16", "[cuda][conversions]") {
+    // formats.md asks only 4-byte alignment of a buffer; the device readers of a block's head and
+    // its entries past the seventh take 16-byte loads only where the buffer allows them, and must
+    // give the same verdicts, counts and values from a buffer 4 bytes into an allocation
+    const int64_t rows = 200, cols = 700;
+    // ~210 values a row: tiles of 19 to 77 entries, past the seventh; they fit compression 2, and
+    // overflow T = 256, C = 8 (the record and INCOMPLETE_INPUT)
+    const std::unique_ptr<Dense> dense = random_dense(rows, cols, TW_R_16BF, 0.3, 0, 21);
+    const Dense &in = *dense;
+    for (const Spec &spec : {Spec{true, 64, 2}, Spec{true, 128, 2}, Spec{true, 256, 2}, Spec{true, 256, 8}}) {
+        INFO("T " << spec.a << " C " << spec.b);
+        Handle hc(TW_BACKEND_CPU), hg(TW_BACKEND_CUDA);
+        Buffers bc(TW_BACKEND_CPU), bg(TW_BACKEND_CUDA);
+        const twSpMatDescr_t sc = make(bc, spec, rows, cols, TW_R_16BF);
+        size_t bytes = 0;
+        const twDnMatDescr_t din = bc.input(in);
+        REQUIRE(twDenseToSparse_bufferSize(hc, din, sc, TW_CONVERT_PLAIN, &bytes) == TW_STATUS_SUCCESS);
+        void *ws = bc.memory(bytes);
+        (void)twDenseToSparse_analysis(hc, din, sc, TW_CONVERT_PLAIN, ws);
+        (void)twDenseToSparse_convert(hc, din, sc, TW_CONVERT_PLAIN, ws);
+        const std::vector<uint32_t> valid = bc.words(sc);
+
+        size_t twell_bytes = 0;
+        REQUIRE(twTwellBufferSize(rows, cols, spec.a, static_cast<int32_t>(spec.b), &twell_bytes) == TW_STATUS_SUCCESS);
+        void *shifted = static_cast<uint8_t *>(bg.memory(twell_bytes + 16)) + 4;
+        twSpMatDescr_t sg = nullptr;
+        REQUIRE(twCreateTwell(&sg, rows, cols, spec.a, static_cast<int32_t>(spec.b), shifted, TW_R_16BF) == TW_STATUS_SUCCESS);
+        const TwellWords tl(rows, cols, spec.a, spec.b);
+        std::mt19937_64 rng(7);
+        for (int trial = 0; trial < 40; ++trial) {
+            std::vector<uint32_t> w = valid;
+            if (trial > 0) {  // one header or entry word changed (trial 0: the valid container)
+                const size_t at = tl.block(static_cast<int64_t>(rng() % rows), static_cast<int64_t>(rng() % tl.tiles)) +
+                                  rng() % std::min<int64_t>(12, tl.words_per_block);
+                w[at] ^= 1u << (rng() % 32);
+            }
+            bc.write_words(sc, w);
+            bg.write(shifted, w);
+            INFO("trial " << trial);
+            REQUIRE(outcome(hg, twSpMatValidate(hg, sg)) == outcome(hc, twSpMatValidate(hc, sc)));
+            const twSpMatInfo_t ic = info_of(hc, sc), ig = info_of(hg, sg);
+            CHECK(ig.nnz == ic.nnz);
+            CHECK(ig.maxRowNnz == ic.maxRowNnz);
+            Dense dc(rows, cols, TW_R_16BF), dg(rows, cols, TW_R_16BF);
+            dc.poison();
+            dg.poison();
+            Buffers out_g(TW_BACKEND_CUDA);
+            REQUIRE(outcome(hg, twSparseToDense(hg, sg, out_g.output(dg))) == outcome(hc, twSparseToDense(hc, sc, dc.d)));
+            out_g.fetch();
+            REQUIRE(dg.storage == dc.storage);
+        }
+        // some tile holds more than seven entries: the readers' tails ran
+        CHECK(info_of(hc, sc).maxRowNnz > 7 * tl.tiles);
+        twDestroySpMat(sg);
+    }
+}
+
 namespace {
 
 /// A cheap deterministic pattern for very large matrices: about 1 in `every` elements non-zero.
