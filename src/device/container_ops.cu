@@ -178,7 +178,6 @@ void ContainerOps::read_back(cudaStream_t stream, void *dst, const void *src, si
     std::memcpy(dst, landing->bytes, bytes);
 }
 
-
 twSpMatInfo_t ContainerOps::info(cudaStream_t stream, const twSpMatDescr &s) {
     require_device_accessible(s.buffer, "descr");
     const Slots r = slots();
