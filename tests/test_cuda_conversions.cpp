@@ -217,6 +217,45 @@ TEST_CASE("CUDA conversions: statuses, messages and bits of the reference", "[cu
             }
 }
 
+namespace {
+
+/// The words of container `sc` (CPU backend) after the reference converts `in` into it (analysis
+/// and convert; their statuses are not asserted: a container too small is a case too).
+std::vector<uint32_t> reference_words(twHandle_t hc, Buffers &bc, twSpMatDescr_t sc, const Dense &in) {
+    size_t bytes = 0;
+    const twDnMatDescr_t din = bc.input(in);
+    REQUIRE(twDenseToSparse_bufferSize(hc, din, sc, TW_CONVERT_PLAIN, &bytes) == TW_STATUS_SUCCESS);
+    void *ws = bc.memory(bytes);
+    (void)twDenseToSparse_analysis(hc, din, sc, TW_CONVERT_PLAIN, ws);
+    (void)twDenseToSparse_convert(hc, din, sc, TW_CONVERT_PLAIN, ws);
+    return bc.words(sc);
+}
+
+/// Validation, twSparseToDense and info of the same words on both backends (CPU `sc`, GPU `sg`):
+/// the same verdicts and messages, the same dense bits (the poison kept where the call refused:
+/// the GPU's one-pass kernel obeys the device verdict), the same counts. Returns the CPU verdict.
+Outcome require_same_inspection(twHandle_t hc, twSpMatDescr_t sc, twHandle_t hg, twSpMatDescr_t sg, int64_t rows,
+                                int64_t cols) {
+    const Outcome vc = outcome(hc, twSpMatValidate(hc, sc)), vg = outcome(hg, twSpMatValidate(hg, sg));
+    REQUIRE(vg == vc);
+    Dense dc(rows, cols, TW_R_16BF), dg(rows, cols, TW_R_16BF);
+    dc.poison();
+    dg.poison();
+    Buffers out_g(TW_BACKEND_CUDA);
+    const Outcome tc = outcome(hc, twSparseToDense(hc, sc, dc.d));
+    const Outcome tg = outcome(hg, twSparseToDense(hg, sg, out_g.output(dg)));
+    out_g.fetch();
+    REQUIRE(tg == tc);
+    REQUIRE(dg.storage == dc.storage);
+    const twSpMatInfo_t ic = info_of(hc, sc), ig = info_of(hg, sg);
+    CHECK(ig.nnz == ic.nnz);
+    CHECK(ig.maxRowNnz == ic.maxRowNnz);
+    CHECK(ig.overflowRows == ic.overflowRows);
+    return vc;
+}
+
+}  // namespace
+
 TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and message", "[cuda][conversions]") {
     for (const Spec &spec : {Spec{true, 64, 4}, Spec{false, 16, 6}}) {
         const int64_t rows = 300, cols = 1000;
@@ -225,13 +264,7 @@ TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and
         Handle hc(TW_BACKEND_CPU), hg(TW_BACKEND_CUDA);
         Buffers bc(TW_BACKEND_CPU), bg(TW_BACKEND_CUDA);
         const twSpMatDescr_t sc = make(bc, spec, rows, cols, TW_R_16BF), sg = make(bg, spec, rows, cols, TW_R_16BF);
-        size_t bytes = 0;
-        const twDnMatDescr_t din = bc.input(in);
-        REQUIRE(twDenseToSparse_bufferSize(hc, din, sc, TW_CONVERT_PLAIN, &bytes) == TW_STATUS_SUCCESS);
-        void *ws = bc.memory(bytes);
-        (void)twDenseToSparse_analysis(hc, din, sc, TW_CONVERT_PLAIN, ws);
-        (void)twDenseToSparse_convert(hc, din, sc, TW_CONVERT_PLAIN, ws);
-        const std::vector<uint32_t> valid = bc.words(sc);
+        const std::vector<uint32_t> valid = reference_words(hc, bc, sc, in);
         const TwellWords tl(rows, cols, 64, 4);
         const HybridBytes hl(rows, cols, 16, 6, 2);
         std::mt19937_64 rng(99);
@@ -256,25 +289,8 @@ TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and
             }
             bc.write_words(sc, w);
             bg.write_words(sg, w);
-            const Outcome vc = outcome(hc, twSpMatValidate(hc, sc)), vg = outcome(hg, twSpMatValidate(hg, sg));
             INFO("trial " << trial << " word " << at);
-            REQUIRE(vg == vc);
-            failures += vc.status != TW_STATUS_SUCCESS;
-            // twSparseToDense validates first: the same verdict, and on a refusal the output
-            // keeps its poison (the GPU's one-pass kernel obeys the device verdict)
-            Dense dc(rows, cols, TW_R_16BF), dg(rows, cols, TW_R_16BF);
-            dc.poison();
-            dg.poison();
-            Buffers out_g(TW_BACKEND_CUDA);
-            const Outcome tc = outcome(hc, twSparseToDense(hc, sc, dc.d));
-            const Outcome tg = outcome(hg, twSparseToDense(hg, sg, out_g.output(dg)));
-            out_g.fetch();
-            REQUIRE(tg == tc);
-            REQUIRE(dg.storage == dc.storage);
-            const twSpMatInfo_t ic = info_of(hc, sc), ig = info_of(hg, sg);
-            CHECK(ig.nnz == ic.nnz);
-            CHECK(ig.maxRowNnz == ic.maxRowNnz);
-            CHECK(ig.overflowRows == ic.overflowRows);
+            failures += require_same_inspection(hc, sc, hg, sg, rows, cols).status != TW_STATUS_SUCCESS;
         }
         INFO("corruptions the validation refused: " << failures);
         CHECK(failures > 200);  // many changes break an invariant; the rest touch free slots or counts that stay legal
@@ -295,13 +311,7 @@ TEST_CASE("CUDA conversions: a TwELL buffer on 4 bytes, not 16", "[cuda][convers
         Handle hc(TW_BACKEND_CPU), hg(TW_BACKEND_CUDA);
         Buffers bc(TW_BACKEND_CPU), bg(TW_BACKEND_CUDA);
         const twSpMatDescr_t sc = make(bc, spec, rows, cols, TW_R_16BF);
-        size_t bytes = 0;
-        const twDnMatDescr_t din = bc.input(in);
-        REQUIRE(twDenseToSparse_bufferSize(hc, din, sc, TW_CONVERT_PLAIN, &bytes) == TW_STATUS_SUCCESS);
-        void *ws = bc.memory(bytes);
-        (void)twDenseToSparse_analysis(hc, din, sc, TW_CONVERT_PLAIN, ws);
-        (void)twDenseToSparse_convert(hc, din, sc, TW_CONVERT_PLAIN, ws);
-        const std::vector<uint32_t> valid = bc.words(sc);
+        const std::vector<uint32_t> valid = reference_words(hc, bc, sc, in);
 
         size_t twell_bytes = 0;
         REQUIRE(twTwellBufferSize(rows, cols, spec.a, static_cast<int32_t>(spec.b), &twell_bytes) == TW_STATUS_SUCCESS);
@@ -320,17 +330,7 @@ TEST_CASE("CUDA conversions: a TwELL buffer on 4 bytes, not 16", "[cuda][convers
             bc.write_words(sc, w);
             bg.write(shifted, w);
             INFO("trial " << trial);
-            REQUIRE(outcome(hg, twSpMatValidate(hg, sg)) == outcome(hc, twSpMatValidate(hc, sc)));
-            const twSpMatInfo_t ic = info_of(hc, sc), ig = info_of(hg, sg);
-            CHECK(ig.nnz == ic.nnz);
-            CHECK(ig.maxRowNnz == ic.maxRowNnz);
-            Dense dc(rows, cols, TW_R_16BF), dg(rows, cols, TW_R_16BF);
-            dc.poison();
-            dg.poison();
-            Buffers out_g(TW_BACKEND_CUDA);
-            REQUIRE(outcome(hg, twSparseToDense(hg, sg, out_g.output(dg))) == outcome(hc, twSparseToDense(hc, sc, dc.d)));
-            out_g.fetch();
-            REQUIRE(dg.storage == dc.storage);
+            (void)require_same_inspection(hc, sc, hg, sg, rows, cols);
         }
         // some tile holds more than seven entries: the readers' tails ran
         CHECK(info_of(hc, sc).maxRowNnz > 7 * tl.tiles);
