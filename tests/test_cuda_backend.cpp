@@ -55,6 +55,19 @@ TEST_CASE("CUDA FFN: the masked gate GEMM's path (sm_90) at sizes off its tiles,
                 c.seed = ++seed;
                 check_forward_case(c);
             }
+    // the GEMM's tile width follows the problem (heuristics::masked_gate_tile_n): on a 132-SM H100
+    // the sizes above take 192-wide tiles, 4100 tokens at H = 1001 the 256-wide ones
+    for (twDataType_t t : {TW_R_16BF, TW_R_16F}) {
+        FfnCase c;
+        c.type = t;
+        c.m = 4100;
+        c.d = 264;
+        c.h = 1001;
+        c.x_pad = 8;
+        c.hidden = t == TW_R_16BF ? 1 : 0;
+        c.seed = ++seed;
+        check_forward_case(c);
+    }
 }
 
 TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the reference", "[cuda][ffn]") {

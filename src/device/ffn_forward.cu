@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include "common/dependent_launch.cuh"
 #include "common/dispatch.hpp"
 #include "common/matrix_arg.hpp"
 #include "common/pointer_check.hpp"
@@ -135,25 +136,6 @@ template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, con
     // a block per 8 units, 4 per mask word: every byte of the words is written
     serve_gate<T, R, U><<<static_cast<unsigned>(4 * a.words), 32 * kServeGateWarps, 0, stream>>>(a);
     check_launch("serve_gate");
-}
-
-/// `kernel` on `stream` after the kernel before it; with `pdl` (programmatic dependent launch) its
-/// blocks may start while that one finishes and wait on the device for its results, without it
-/// after it (code for older GPUs has no device-side wait).
-template <class Arg>
-void launch_dependent(void (*kernel)(Arg), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
-                      const char *what, const Arg &arg) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    check(cudaLaunchKernelEx(&cfg, kernel, arg), what);
 }
 
 /// serve_sparse: a team per (token, split), V 16-byte chunks of a row per thread.
@@ -301,7 +283,7 @@ void launch_fused(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w,
 }
 
 template <class T, bool FP8>
-void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const FwdArgs<T> &a, int ell) {
+void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const FwdArgs<T> &a, int ell, bool pdl) {
     constexpr int E = Chunk<T>::n;
     if (FP8 && p.gated) {
         // x over the FP8 half (D rounded up to 16), then the list's ids, gate values and scales:
@@ -310,13 +292,13 @@ void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const Fwd
         if (smem > 48 * 1024)
             check(cudaFuncSetAttribute(fwd_u_fp8<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                   "cudaFuncSetAttribute");
-        fwd_u_fp8<T><<<static_cast<unsigned>(p.m), 32 * kFwdUWarps, smem, stream>>>(a);
-        check_launch("fwd_u_fp8");
+        launch_dependent(fwd_u_fp8<T>, dim3(static_cast<unsigned>(p.m)), dim3(32 * kFwdUWarps), smem, stream, pdl,
+                         "cudaLaunchKernelEx(fwd_u_fp8)", a);
     } else {
         // x_t in shared memory: at most 8192 x 2 or 4096 x 4 bytes (max_model_dim), under 48 KB
         const size_t smem = p.gated ? static_cast<size_t>(p.dp) * sizeof(T) : 0;
-        fwd_u<T><<<static_cast<unsigned>(p.m), 32 * kFwdUWarps, smem, stream>>>(a);
-        check_launch("fwd_u");
+        launch_dependent(fwd_u<T>, dim3(static_cast<unsigned>(p.m)), dim3(32 * kFwdUWarps), smem, stream, pdl,
+                         "cudaLaunchKernelEx(fwd_u)", a);
     }
     // a thread takes 8 (fp32: 4) columns, 16 with FP8 rows
     const int64_t cols_per_block = int64_t{kFwdYThreads} * (FP8 ? 16 : E);
@@ -327,26 +309,25 @@ void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const Fwd
         check(cudaFuncSetAttribute(fwd_y<T, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(list_smem)),
               "cudaFuncSetAttribute");
-    fwd_y<T, FP8><<<grid, kFwdYThreads, list_smem, stream>>>(a);
-    check_launch("fwd_y");
+    launch_dependent(fwd_y<T, FP8>, grid, dim3(kFwdYThreads), list_smem, stream, pdl, "cudaLaunchKernelEx(fwd_y)", a);
 }
 
 /// The sparse rows in two passes: u and h per active unit (saved as g and u in training, else h
 /// over the gate value), then y by column slices.
 template <class T>
 void launch_two_pass(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
-                     const MatrixArg &y, const FfnScratch &s) {
+                     const MatrixArg &y, const FfnScratch &s, bool pdl) {
     FwdArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr), y.rs,
                  y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, p.h,
                  s.gate, s.ldg, p.gate_f32(), p.gated, p.highest, s.idx, s.count, s.cap, s.save_g, s.save_u, s.row_l1,
                  w.fp8, s.dense_rows, s.dense_count};
     if constexpr (std::is_same_v<T, float>) {
-        launch_two_pass_kernels<T, false>(stream, p, a, s.cap);
+        launch_two_pass_kernels<T, false>(stream, p, a, s.cap, pdl);
     } else {
         if (p.fp8)
-            launch_two_pass_kernels<T, true>(stream, p, a, s.cap);
+            launch_two_pass_kernels<T, true>(stream, p, a, s.cap, pdl);
         else
-            launch_two_pass_kernels<T, false>(stream, p, a, s.cap);
+            launch_two_pass_kernels<T, false>(stream, p, a, s.cap, pdl);
     }
 }
 
@@ -368,12 +349,12 @@ void launch_fp8_dense_rows(cudaStream_t stream, const CudaFfnState &st, const Ff
     if (p.gated) {
         const int64_t unit_blocks = ceil_div(p.h, int64_t{32} * kDenseRowWarps);
         const dim3 grid(rows_for(unit_blocks), static_cast<unsigned>(unit_blocks));
-        fwd_u_dense_rows<T><<<grid, 32 * kDenseRowWarps, static_cast<size_t>(a.fp8.half) * sizeof(T), stream>>>(a);
-        check_launch("fwd_u_dense_rows");
+        launch_dependent(fwd_u_dense_rows<T>, grid, dim3(32 * kDenseRowWarps), static_cast<size_t>(a.fp8.half) * sizeof(T),
+                         stream, st.pdl, "cudaLaunchKernelEx(fwd_u_dense_rows)", a);
     }
     const int64_t slices = ceil_div(p.dp, int64_t{512});
-    fwd_y_dense_rows<T><<<dim3(rows_for(slices), static_cast<unsigned>(slices)), 32 * kDenseRowYWarps, 0, stream>>>(a);
-    check_launch("fwd_y_dense_rows");
+    launch_dependent(fwd_y_dense_rows<T>, dim3(rows_for(slices), static_cast<unsigned>(slices)), dim3(32 * kDenseRowYWarps), 0,
+                     stream, st.pdl, "cudaLaunchKernelEx(fwd_y_dense_rows)", a);
 }
 
 /// The rows of the dense list from position `first` on, through the gathered GEMM: u (gated)
@@ -397,7 +378,7 @@ void launch_dense_path_gathered(cudaStream_t stream, const CudaFfnState &st, con
         up.b = up.b2 = w.pair, up.b_cj = w.pair_stride;
         up.n = p.h, up.k = p.d, up.ksplit = p.d;
         up.epi = GatherEpilogue::GateProduct, up.c = s.gate, up.c_rs = s.ldg, up.c_f32 = p.gate_f32();
-        launch_gathered_gemm(stream, up, p.type, tensor_cores, st.sm_count);
+        launch_gathered_gemm(stream, up, p.type, tensor_cores, st.sm_count, st.pdl);
     }
     GatheredGemm down = g;
     down.a = down.a2 = s.gate, down.a_f32 = p.gate_f32(), down.relu_a = !p.gated, down.a_ri = s.ldg, down.a_ck = 1;
@@ -405,7 +386,7 @@ void launch_dense_path_gathered(cudaStream_t stream, const CudaFfnState &st, con
     down.b = down.b2 = w.down_t, down.b_cj = p.hp;
     down.n = p.d, down.k = p.h, down.ksplit = p.h;
     down.epi = GatherEpilogue::ScatterRows, down.c = y.ptr, down.c_rs = y.rs, down.c_cs = y.cs;
-    launch_gathered_gemm(stream, down, p.type, tensor_cores, st.sm_count);
+    launch_gathered_gemm(stream, down, p.type, tensor_cores, st.sm_count, st.pdl);
 }
 
 /// The cuBLAS part of the dense path: the first `cap` rows of the dense list compacted,
@@ -458,10 +439,9 @@ template <class T>
 void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
                    bool dense_l1, int64_t first, const twSpMatDescr *hidden, const ActiveMask &gate_mask = {}) {
     const unsigned blocks = static_cast<unsigned>(std::max(1, std::min(264, ceil_div(p.m, kFinalThreads / 32))));
-    finalize<T><<<blocks, kFinalThreads, 0, stream>>>(s.gate, s.ldg, p.h, p.gate_f32(), !p.gated, s.dense_rows,
-                                                      s.dense_count, dense_l1, first, p.m, s.row_nnz, s.count, s.row_l1,
-                                                      s.header + 1, st.stats_block(), st.feedback.device());
-    check_launch("finalize");
+    launch_dependent(finalize<T>, dim3(blocks), dim3(kFinalThreads), 0, stream, st.pdl, "cudaLaunchKernelEx(finalize)",
+                     s.gate, s.ldg, p.h, p.gate_f32(), !p.gated, s.dense_rows, s.dense_count, dense_l1, first, p.m,
+                     s.row_nnz, s.count, s.row_l1, s.header + 1, st.stats_block(), st.feedback.device());
     if (hidden) {
         // the gate buffer now holds h (inactive units zeroed, or outside the gate's mask);
         // PLAIN keeps every stored pattern but +0, as the reference does
@@ -504,7 +484,7 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
             run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, hidden != nullptr);
     }
     if (path.two_pass)
-        launch_two_pass<T>(stream, p, w, xa, ya, s);
+        launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl);
     else
         launch_fused<T>(stream, p, w, xa, ya, s, hidden != nullptr);
     if constexpr (!std::is_same_v<T, float>) {
@@ -552,7 +532,7 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
     if (path.cublas_rows > 0) {
         if constexpr (!std::is_same_v<T, float>) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, false);
     }
-    launch_two_pass<T>(stream, p, w, xa, ya, s);
+    launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl);
     launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
     launch_finish<T>(stream, st, p, s, true, path.cublas_rows, nullptr);
 }

@@ -23,6 +23,14 @@ int serve_splits(int64_t tokens) {
                                                                     fused_splits(tokens)})));
 }
 
+int masked_gate_tile_n(int64_t m, int64_t n, int sm_count) {
+    const int64_t slots = std::max(1, sm_count / 2);  // clusters of two CTAs
+    const auto up = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+    const auto waves = [&](int64_t tile_n) { return up(up(m, 256) * up(n, tile_n), slots); };
+    // in units of a 256-wide wave's time / 4: a 192-wide wave is 3 of them, plus 5 %
+    return waves(192) * 3 * 105 < waves(256) * 4 * 100 ? 192 : 256;
+}
+
 bool two_pass_applies(const FfnProblem &p) { return p.m >= kTwoPassMinTokens; }
 
 int fused_splits(int64_t tokens) {

@@ -113,6 +113,15 @@ int serve_splits(int64_t tokens);
 /// us against 35 to 37 for the dense FFN, on an H100 at the paper's shape.)
 bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidden_dim);
 
+/// The masked gate GEMM's tile width, 256 or 192 columns (128 rows, clusters of two along M,
+/// either way): the one whose waves of persistent tiles cost less, a 192-wide wave counted at 3/4
+/// of a 256-wide one plus 5 % (its X tile is loaded once per 192 columns instead of 256). At the
+/// paper's shape and M = 512, 44 clusters of 256-wide tiles leave 22 of an H100's 66 cluster slots
+/// idle, where 60 clusters of 192-wide tiles do a quarter less work each in one wave: measured on
+/// an H100 (ncu), the GEMM took 22.2 us against 27.0 (bench/NOTES.md, "Two-pass path: dependent
+/// launches and a narrower gate tile"). At 4096 and 16384 tokens it keeps 256.
+int masked_gate_tile_n(int64_t m, int64_t n, int sm_count);
+
 /// From this many tokens (past the serving path) the gate is the masked gate GEMM on sm_90: its
 /// epilogue writes the active-unit words, so the packing pass reads H / 8 bytes a token instead of
 /// the gate row. Measured on an H100 at the paper's shape, uniform-29, graph replay, against the

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/check.hpp"
+#include "common/dependent_launch.cuh"
 #include "common/dispatch.hpp"
 #include "common/values.cuh"
 #include "heuristics.hpp"
@@ -125,6 +126,8 @@ template <class T> __global__ void __launch_bounds__(256) gathered_gemm_tc(Gathe
     T(*sa)[kLd] = reinterpret_cast<T(*)[kLd]>(raw);
     T(*sb)[kLd] = reinterpret_cast<T(*)[kLd]>(raw + kGm * kLd * sizeof(T));  // [j][k]: B col-major
     float(*sc)[kGn + 4] = reinterpret_cast<float(*)[kGn + 4]>(raw);
+    wait_for_prior_grid();  // launch_dependent
+    allow_dependent_launch();
     const GatherRange r = dev_range(g);
     if (r.k_end <= r.k_beg && g.k_dev) return;
     const int tid = threadIdx.x, warp = tid / 32, wm = warp / 4, wn = warp % 4;
@@ -188,6 +191,8 @@ template <class T> __global__ void __launch_bounds__(256) gathered_gemm_f32(Gath
     __shared__ float sa[kGk][kGm + 1];
     __shared__ float sb[kGk][kGn + 1];
     __shared__ int64_t arow[kGm], brow[kGk];
+    wait_for_prior_grid();  // launch_dependent
+    allow_dependent_launch();
     const GatherRange r = dev_range(g);
     if (r.k_end <= r.k_beg && g.k_dev) return;
     const int tid = threadIdx.x, tr = tid / 16, tc = tid % 16;
@@ -223,7 +228,8 @@ template <class T> __global__ void __launch_bounds__(256) gathered_gemm_f32(Gath
 
 }  // namespace
 
-void launch_gathered_gemm(cudaStream_t stream, GatheredGemm g, twDataType_t value_type, bool tensor_cores, int sm_count) {
+void launch_gathered_gemm(cudaStream_t stream, GatheredGemm g, twDataType_t value_type, bool tensor_cores, int sm_count,
+                          bool pdl) {
     if (g.n == 0 || g.m == 0) return;
     const int tiles_n = ceil_div(g.n, kGn);
     const dim3 grid(static_cast<unsigned>(tiles_n),
@@ -234,13 +240,11 @@ void launch_gathered_gemm(cudaStream_t stream, GatheredGemm g, twDataType_t valu
         using T = decltype(tag);
         if constexpr (!std::is_same_v<T, float>) {
             if (tensor_cores) {
-                gathered_gemm_tc<T><<<grid, 256, 0, stream>>>(g);
-                check_launch("gathered_gemm_tc");
+                launch_dependent(gathered_gemm_tc<T>, grid, dim3(256), 0, stream, pdl, "cudaLaunchKernelEx(gathered_gemm_tc)", g);
                 return;
             }
         }
-        gathered_gemm_f32<T><<<grid, 256, 0, stream>>>(g);
-        check_launch("gathered_gemm_f32");
+        launch_dependent(gathered_gemm_f32<T>, grid, dim3(256), 0, stream, pdl, "cudaLaunchKernelEx(gathered_gemm_f32)", g);
     });
 }
 

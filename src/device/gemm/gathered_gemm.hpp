@@ -55,7 +55,9 @@ struct GatheredGemm {
 };
 
 /// Enqueues the GEMM; `value_type` is the FFN's (T of the kernels), `tensor_cores` picks wmma
-/// (16-bit operands only), `sm_count` sizes the grid.
-void launch_gathered_gemm(cudaStream_t stream, GatheredGemm g, twDataType_t value_type, bool tensor_cores, int sm_count);
+/// (16-bit operands only), `sm_count` sizes the grid; with `pdl` its blocks start while the kernel
+/// before it finishes (common/dependent_launch.cuh).
+void launch_gathered_gemm(cudaStream_t stream, GatheredGemm g, twDataType_t value_type, bool tensor_cores, int sm_count,
+                          bool pdl = false);
 
 }  // namespace twblas::cuda

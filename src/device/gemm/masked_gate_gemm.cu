@@ -3,6 +3,7 @@
 // for sm_90a, where TWBLAS_HAVE_SM90A says they were built.
 #include "gemm/masked_gate_gemm.hpp"
 
+#include "heuristics.hpp"
 #include "host/error.hpp"
 
 namespace twblas::cuda {
@@ -11,6 +12,8 @@ namespace twblas::cuda {
 namespace masked_gate {
 void launch_bf16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 void launch_f16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
+void launch_bf16_narrow(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
+void launch_f16_narrow(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 }  // namespace masked_gate
 #endif
 
@@ -39,10 +42,11 @@ bool masked_gate_gemm_fits(twDataType_t type, const MaskedGateGemm &g) {
 
 void launch_masked_gate_gemm(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g, int device, int sm_count) {
 #if defined(TWBLAS_HAVE_SM90A)
+    const bool narrow = heuristics::masked_gate_tile_n(g.m, g.n, sm_count) == 192;
     if (type == TW_R_16BF)
-        masked_gate::launch_bf16(stream, g, device, sm_count);
+        (narrow ? masked_gate::launch_bf16_narrow : masked_gate::launch_bf16)(stream, g, device, sm_count);
     else
-        masked_gate::launch_f16(stream, g, device, sm_count);
+        (narrow ? masked_gate::launch_f16_narrow : masked_gate::launch_f16)(stream, g, device, sm_count);
 #else
     (void)stream, (void)type, (void)g, (void)device, (void)sm_count;
     fail(TW_STATUS_INTERNAL_ERROR, "masked gate GEMM: this build holds no sm_90a code (masked_gate_gemm_built)");

@@ -225,9 +225,16 @@ void launch_typed(cudaStream_t stream, const MaskedGateGemm &g, int device, int 
         fail(TW_STATUS_EXECUTION_FAILED, "masked gate GEMM: launch failed");
 }
 
-// one instantiation per 16-bit type, each in its own translation unit (launch_bf16, launch_f16),
-// compiled for sm_90a alone (src/CMakeLists.txt: twblas_hopper_objects)
+/// The narrow tile: 128 x 192, for problems whose 256-wide tiles leave SMs idle in their last wave
+/// (heuristics::masked_gate_tile_n).
+template <class T> using NarrowKernel = Kernel<T, Shape<_128, _192, _64>>;
+
+// two tile widths per 16-bit type, in their own translation units (launch_bf16, launch_f16: 256
+// wide; masked_gate_gemm_narrow.cu: 192 wide), compiled for sm_90a alone (src/CMakeLists.txt:
+// twblas_hopper_objects)
 void launch_bf16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 void launch_f16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
+void launch_bf16_narrow(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
+void launch_f16_narrow(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 
 }  // namespace twblas::cuda::masked_gate

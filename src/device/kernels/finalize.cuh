@@ -2,6 +2,7 @@
 // finish, the statistics reduced in a fixed order (deterministic) and published for the host.
 #pragma once
 
+#include "common/dependent_launch.cuh"
 #include "common/values.cuh"
 #include "common/warp.cuh"
 #include "ffn_layout.hpp"
@@ -111,6 +112,7 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
     // (a load at the end put about a microsecond on every forward's critical path)
     uint4 last_record = make_uint4(0, 0, 0, 0);
     if (threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&block->published);
+    wait_for_prior_grid();  // the forward's kernels (launch_dependent)
     if (dense_l1) {
         const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
         for (int64_t i = first + static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;

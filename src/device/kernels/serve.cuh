@@ -23,6 +23,7 @@
 #include <cute/arch/mma_sm80.hpp>
 
 #include "common/async_copy.cuh"
+#include "common/dependent_launch.cuh"
 #include "common/values.cuh"
 #include "common/warp.cuh"
 #include "kernels/finalize.cuh"
@@ -258,9 +259,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
         }
     }
     // everything serve_down reads is written: let it start
-#if __CUDA_ARCH__ >= 900
-    cudaTriggerProgrammaticLaunchCompletion();
-#endif
+    allow_dependent_launch();
 }
 
 // ---- serve_up: past serve_gate's tokens, the same epilogue and up phase over cuBLAS's gate. A
@@ -288,9 +287,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, heuristics::kServeUpChun
     // before the wait (the stream finished every earlier kernel before cuBLAS's gate began)
     if (blockIdx.x == 0 && threadIdx.x == 0) a.tickets[a.m] = 0;  // serve_down_list's
     for (int i = threadIdx.x; i < kServeGateUnits * kServeTokenWords; i += blockDim.x) (&unit_tokens[0][0])[i] = 0;
-#if __CUDA_ARCH__ >= 900
-    cudaGridDependencySynchronize();  // cuBLAS's gate
-#endif
+    wait_for_prior_grid();  // cuBLAS's gate
     __syncthreads();
     for (int t = threadIdx.x; t < a.m; t += blockDim.x) {
         T *chunk = a.gate + t * a.ldg + unit0;
@@ -328,9 +325,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, heuristics::kServeUpChun
                 }
         }
     }
-#if __CUDA_ARCH__ >= 900
-    cudaTriggerProgrammaticLaunchCompletion();
-#endif
+    allow_dependent_launch();
 }
 
 /// A row's entry in the count array: its active units, -1 when a TwELL tile holds more than
@@ -417,9 +412,7 @@ template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(Se
     uint4 xc[V];
 #pragma unroll
     for (int c = 0; c < V; ++c) xc[c] = k_of(c) < a.dp ? serve_x_chunk(a.x + t * a.x_rs, k_of(c), a.d) : make_uint4(0, 0, 0, 0);
-#if __CUDA_ARCH__ >= 900
-    cudaGridDependencySynchronize();  // the gate (and the zeroed tickets)
-#endif
+    wait_for_prior_grid();  // the gate (and the zeroed tickets)
     const int64_t w0 = a.words * split / splits, w1 = a.words * (split + 1) / splits;
     for (int64_t w = w0 + tid; w < w1; w += threads) {
         const uint32_t bits = serve_mask_from_gate(a, t, w);
@@ -628,9 +621,7 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
 template <class T> __device__ inline uint4 serve_down_start(const ServeArgs<T> &a, bool counts_row) {
     uint4 last_record = make_uint4(0, 0, 0, 0);
     if (counts_row && threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
-#if __CUDA_ARCH__ >= 900
-    cudaGridDependencySynchronize();
-#endif
+    wait_for_prior_grid();
     return last_record;
 }
 

@@ -3,6 +3,7 @@
 // fwd_y, a block per (token, 512-column slice).
 #pragma once
 
+#include "common/dependent_launch.cuh"
 #include "common/values.cuh"
 #include "common/warp.cuh"
 #include "kernels/fp8_rows.cuh"
@@ -59,6 +60,8 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdA
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 sx[];  // x_t as dp / E chunks
     __shared__ float warp_l1[kFwdUWarps];
+    wait_for_prior_grid();  // the lists (launch_dependent)
+    allow_dependent_launch();
     const int64_t row = blockIdx.x;
     const int n = min(a.count[row], a.ell);
     if (n < 0) return;  // the dense path
@@ -96,6 +99,8 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdA
 /// shared memory first (no load waits on another in the loop), and each warp takes its units two
 /// at a time (eight 16-byte loads a lane in flight). h goes over the gate value (inference only).
 template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u_fp8(FwdArgs<T> a) {
+    wait_for_prior_grid();  // launch_dependent
+    allow_dependent_launch();
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 sx[];  // x_t over the FP8 half (zeros past D), then the row's units
     __shared__ float warp_l1[kFwdUWarps];
@@ -193,6 +198,8 @@ template <class T> __device__ inline void store_chunk16(const FwdArgs<T> &a, int
 
 template <class T, bool FP8> __global__ void __launch_bounds__(kFwdYThreads) fwd_y(FwdArgs<T> a) {
     constexpr int E = Chunk<T>::n;
+    wait_for_prior_grid();  // h from fwd_u (launch_dependent)
+    allow_dependent_launch();
     extern __shared__ int64_t s_col[];  // the row's units, then their h (list width of each)
     float *s_h = reinterpret_cast<float *>(s_col + a.ell);
     const int64_t row = blockIdx.x;
@@ -243,6 +250,8 @@ constexpr int kDenseRowWarps = 8, kDenseRowYWarps = 16;
 /// row, 0 over the others (as the gathered GEMM's GateProduct epilogue leaves them): gated only.
 /// blockIdx.y picks 32 kDenseRowWarps units, a warp takes 32 of them.
 template <class T> __global__ void __launch_bounds__(32 * kDenseRowWarps) fwd_u_dense_rows(FwdArgs<T> a) {
+    wait_for_prior_grid();  // launch_dependent
+    allow_dependent_launch();
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 sx[];  // x_t over the FP8 half (zeros past D)
     const int nchunks = static_cast<int>(a.fp8.half / E);
@@ -274,6 +283,8 @@ template <class T> __global__ void __launch_bounds__(32 * kDenseRowWarps) fwd_u_
 /// compacted 32 kDenseRowYWarps at a time into shared memory in unit order, the warps taking
 /// every kDenseRowYWarps-th of them, their partial sums added in warp order (deterministic).
 template <class T> __global__ void __launch_bounds__(32 * kDenseRowYWarps) fwd_y_dense_rows(FwdArgs<T> a) {
+    wait_for_prior_grid();  // launch_dependent
+    allow_dependent_launch();
     constexpr int kThreads = 32 * kDenseRowYWarps, kUnroll = 4, W = kDenseRowYWarps;
     __shared__ int64_t s_col[kThreads];
     __shared__ float s_h[kThreads];
