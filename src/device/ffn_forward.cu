@@ -295,8 +295,12 @@ void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const Fwd
         launch_dependent(fwd_u_fp8<T>, dim3(static_cast<unsigned>(p.m)), dim3(32 * kFwdUWarps), smem, stream, pdl,
                          "cudaLaunchKernelEx(fwd_u_fp8)", a);
     } else {
-        // x_t in shared memory: at most 8192 x 2 or 4096 x 4 bytes (max_model_dim), under 48 KB
-        const size_t smem = p.gated ? static_cast<size_t>(p.dp) * sizeof(T) : 0;
+        // x_t (gated: at most 8192 x 2 or 4096 x 4 bytes, max_model_dim), then the list's ids and
+        // gate values: over 48 KB only past D ~ 8000 with long lists
+        const size_t smem = (p.gated ? static_cast<size_t>(p.dp) * sizeof(T) : 0) + static_cast<size_t>(ell) * 8;
+        if (smem > 48 * 1024)
+            check(cudaFuncSetAttribute(fwd_u<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                  "cudaFuncSetAttribute");
         launch_dependent(fwd_u<T>, dim3(static_cast<unsigned>(p.m)), dim3(32 * kFwdUWarps), smem, stream, pdl,
                          "cudaLaunchKernelEx(fwd_u)", a);
     }

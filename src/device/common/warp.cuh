@@ -44,24 +44,26 @@ template <class T> __device__ inline void stage_row(uint4 *dst, const T *m, int6
     }
 }
 
-/// One warp's dot product of a row held in shared memory (`nchunks` 16-byte chunks) with a
-/// weight row in global memory; four chunks' loads per lane are issued before any is used (the
-/// kernels that use it are bound by load latency). Every lane gets the sum.
+/// One warp's dot product of a row held in shared memory (`nchunks` 16-byte chunks) with a weight
+/// row in global memory. The kernels that use it are bound by load latency, so each lane issues the
+/// loads of up to 8 chunks (a whole 2048-value row) before using any. Lane l sums chunks l + 32 q
+/// into part[q % 4] in chunk order, and the parts are added as (p0 + p1) + (p2 + p3) before the
+/// butterfly (the order the 4-chunk version had: the bits did not change). Every lane gets the sum.
 template <class T> __device__ inline float warp_row_dot(const uint4 *row, const T *w, int nchunks) {
     constexpr int E = Chunk<T>::n;
     const int lane = threadIdx.x & 31;
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c0 = lane; c0 < nchunks; c0 += 128) {
-        uint4 wq[4];
+    for (int c0 = lane; c0 < nchunks; c0 += 256) {
+        uint4 wq[8];
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
+        for (int q = 0; q < 8; ++q)
             if (c0 + 32 * q < nchunks) wq[q] = *reinterpret_cast<const uint4 *>(w + static_cast<int64_t>(c0 + 32 * q) * E);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < 8; ++q) {
             if (c0 + 32 * q >= nchunks) break;
-            const uint4 r = row[c0 + 32 * q];
+            const uint4 x = row[c0 + 32 * q];
 #pragma unroll
-            for (int e = 0; e < E; ++e) part[q] = fmaf(Chunk<T>::get(r, e), Chunk<T>::get(wq[q], e), part[q]);
+            for (int e = 0; e < E; ++e) part[q % 4] = fmaf(Chunk<T>::get(x, e), Chunk<T>::get(wq[q], e), part[q % 4]);
         }
     }
     return warp_sum((part[0] + part[1]) + (part[2] + part[3]));

@@ -13,8 +13,9 @@ namespace twblas::cuda {
 // fwd_u: 8 warps per block (one per active unit in flight); fwd_y: 64 threads of 16-byte chunks
 // = 512 bf16 columns per block
 constexpr int kFwdUWarps = 8, kFwdYThreads = 64;
-// weight rows whose loads fwd_y has in flight before it uses the first
-constexpr int kFwdUnroll = 4;
+// weight rows whose loads fwd_y has in flight before it uses the first: 8 16-bit chunks (29 units
+// in four rounds of loads instead of eight; the sum keeps its unit order), 4 FP8 ones
+constexpr int kFwdUnroll = 8, kFwdUnrollFp8 = 4;
 
 // ---- the forward's sparse rows, in two kernels (as the token phase of the backward), used by
 // the training forward and by the inference forward at M > 512 (one team per token):
@@ -56,29 +57,38 @@ __device__ inline void store_row_l1(float l1, float *warp_l1, float *dst) {
     }
 }
 
+/// The row's unit ids and gate values staged in shared memory first (the loop's loads wait on no
+/// other load), and each unit's whole row (up to D = 2048) in flight at once (warp_row_dot): at 29
+/// units a token and 8 warps, about four rounds of row loads a warp instead of about seven chains
+/// of an id, its gate value and two half-row loads. One row at a time keeps the kernel near 64
+/// registers, four blocks an SM: M = 512 in one wave.
 template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdArgs<T> a) {
-    constexpr int E = Chunk<T>::n;
-    extern __shared__ uint4 sx[];  // x_t as dp / E chunks
-    __shared__ float warp_l1[kFwdUWarps];
     wait_for_prior_grid();  // the lists (launch_dependent)
     allow_dependent_launch();
+    constexpr int E = Chunk<T>::n;
+    extern __shared__ uint4 sx[];  // x_t as dp / E chunks (gated), then the row's units and gate values
+    __shared__ float warp_l1[kFwdUWarps];
     const int64_t row = blockIdx.x;
     const int n = min(a.count[row], a.ell);
     if (n < 0) return;  // the dense path
-    const int nchunks = static_cast<int>(a.dp / E);
-    if (a.gated) {
-        stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
-        __syncthreads();
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const int nchunks = a.gated ? static_cast<int>(a.dp / E) : 0;
+    int32_t *s_col = reinterpret_cast<int32_t *>(sx + nchunks);
+    float *s_g = reinterpret_cast<float *>(s_col + a.ell);
     const int64_t base = row * a.ell;
+    for (int k = threadIdx.x; k < n; k += blockDim.x) {
+        const int32_t col = static_cast<int32_t>(min(static_cast<int64_t>(a.idx[base + k]), a.h - 1));
+        s_col[k] = col;
+        s_g[k] = gate_value<T>(a.gate, row * a.ldg + col, a.gate_f32);
+    }
+    if (a.gated) stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float l1 = 0.0f;
     for (int k = warp; k < n; k += kFwdUWarps) {
-        const int64_t col = min(static_cast<int64_t>(a.idx[base + k]), a.h - 1);
-        const float g = gate_value<T>(a.gate, row * a.ldg + col, a.gate_f32);
+        const float g = s_g[k];
         float h = g, u = 0.0f;
         if (a.gated) {
-            const float dot = warp_row_dot(sx, a.pair + col * a.pair_stride, nchunks);
+            const float dot = warp_row_dot(sx, a.pair + static_cast<int64_t>(s_col[k]) * a.pair_stride, nchunks);
             u = a.highest ? dot : round_to<T>(dot);
             h = a.highest ? g * u : round_to<T>(g * u);
         }
@@ -87,7 +97,7 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdA
                 gate_store<T>(a.save_g, base + k, a.gate_f32, g);
                 if (a.gated) gate_store<T>(a.save_u, base + k, a.gate_f32, u);
             } else {
-                gate_store<T>(const_cast<void *>(a.gate), row * a.ldg + col, a.gate_f32, h);
+                gate_store<T>(const_cast<void *>(a.gate), row * a.ldg + s_col[k], a.gate_f32, h);
             }
             l1 += fabsf(h);
         }
@@ -226,7 +236,7 @@ template <class T, bool FP8> __global__ void __launch_bounds__(kFwdYThreads) fwd
         float acc[16];
 #pragma unroll
         for (int e = 0; e < 16; ++e) acc[e] = 0.0f;
-        fp8_rows_axpy<kFwdUnroll>(a.fp8.q + (a.gated ? a.fp8.half : 0) + k0, a.fp8.stride, s_col, s_h, n, acc);
+        fp8_rows_axpy<kFwdUnrollFp8>(a.fp8.q + (a.gated ? a.fp8.half : 0) + k0, a.fp8.stride, s_col, s_h, n, acc);
         store_chunk16(a, row, k0, acc);
     } else {
         const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kFwdYThreads + threadIdx.x) * E;
