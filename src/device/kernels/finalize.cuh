@@ -44,7 +44,9 @@ __device__ inline void publish_statistics(const FfnDeviceStats &s, int64_t h, Ff
 }
 
 /// The statistics of a forward reduced in a fixed order (deterministic) by the block that
-/// finishes it, then published.
+/// finishes it, then published: each warp's butterfly over all five values, then thread 0 adds
+/// the warps in order (the order block_reduce gives, so the same bits) and publishes. One barrier
+/// instead of five reductions' ten: this is the serial end of every forward.
 __device__ inline void reduce_and_publish_statistics(int64_t m, int64_t h, const int32_t *row_nnz, const int32_t *count,
                                                      const float *row_l1, FfnStatsBlock *block, FfnFeedback *publish,
                                                      uint4 last_record) {
@@ -58,15 +60,27 @@ __device__ inline void reduce_and_publish_statistics(int64_t m, int64_t h, const
         dense += c < 0;
         l1 += __ldcg(row_l1 + r);
     }
-    __shared__ long long scratch_l[32];
-    __shared__ double scratch_d[32];
-    const auto sum = [](auto x, auto y) { return x + y; };
-    const long long tn = block_reduce(nnz, sum, scratch_l);
-    const long long tm = block_reduce(mx, [](long long x, long long y) { return x > y ? x : y; }, scratch_l);
-    const long long to = block_reduce(over, sum, scratch_l);
-    const long long td = block_reduce(dense, sum, scratch_l);
-    const double tl = block_reduce(l1, sum, scratch_d);
-    if (threadIdx.x == 0) publish_statistics(FfnDeviceStats{m, tn, tm, to, td, tl}, h, block, publish, last_record);
+    for (int o = 16; o > 0; o >>= 1) {
+        nnz += __shfl_xor_sync(kFullMask, nnz, o);
+        mx = max(mx, __shfl_xor_sync(kFullMask, mx, o));
+        over += __shfl_xor_sync(kFullMask, over, o);
+        dense += __shfl_xor_sync(kFullMask, dense, o);
+        l1 += __shfl_xor_sync(kFullMask, l1, o);
+    }
+    __shared__ FfnDeviceStats warp_stats[32];
+    if ((threadIdx.x & 31) == 0) warp_stats[threadIdx.x / 32] = FfnDeviceStats{m, nnz, mx, over, dense, l1};
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    FfnDeviceStats total = warp_stats[0];
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) {
+        const FfnDeviceStats &s = warp_stats[w];
+        total.total_nnz += s.total_nnz;
+        total.max_row = max(total.max_row, s.max_row);
+        total.overflow_rows += s.overflow_rows;
+        total.dense_rows += s.dense_rows;
+        total.l1_sum += s.l1_sum;
+    }
+    publish_statistics(total, h, block, publish, last_record);
 }
 
 /// The same by one warp (lane r reads row r, and r + 32, ... with kPast32Rows): a few instructions instead of five
@@ -113,7 +127,8 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
     uint4 last_record = make_uint4(0, 0, 0, 0);
     if (threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&block->published);
     wait_for_prior_grid();  // the forward's kernels (launch_dependent)
-    if (dense_l1) {
+    const bool any_dense = dense_l1 && static_cast<int64_t>(*count_dense) > first;  // rows whose l1 is computed here
+    if (any_dense) {
         const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
         for (int64_t i = first + static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
              i < *count_dense; i += warps) {
@@ -126,6 +141,12 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);
             if (lane == 0) row_l1[r] = s;
         }
+    }
+    if (!any_dense) {
+        // nothing written above: block 0 reduces at once, without the other blocks' release and
+        // ticket (two dependent round trips fewer on every forward without dense-path rows)
+        if (blockIdx.x == 0) reduce_and_publish_statistics(m, h, row_nnz, count, row_l1, block, publish, last_record);
+        return;
     }
     __shared__ bool last;
     __threadfence();
