@@ -27,8 +27,8 @@
 // Files: common.{hpp,cpp} (problem cache, timing, verification, registration helpers),
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
-//   twblas-bench [--suite=full|profiles|decode|train|eager|serving|serving-paper|serving-llama|
-//                         crossover|conversions|fp8|smoke]
+//   twblas-bench [--suite=full|profiles|decode|train|train-eager|eager|serving|serving-paper|
+//                         serving-llama|crossover|conversions|fp8|smoke]
 //                [Google Benchmark flags]
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
@@ -41,7 +41,9 @@
 // (bench_conversions.cpp): twblas's dense <-> TwELL / hybrid conversions, validate, info and the
 // hybrid transpose against cuSPARSE's dense <-> CSR on the FFN hidden activation (uniform-29 and
 // llm-29, M = 4096, 16384, 65536), host time per call sequence, with the copy bandwidth first.
-// Suite fp8: twblas_fp8 (TW_COMPUTE_FP8_WEIGHTS) next to twblas, dense and the gate GEMM at the
+// Suite train-eager: the training step at the PyTorch example's layer sizes (d_model 512 and 1024,
+// uniform-6, 8192 and 16384 tokens), graph-replayed and eager (train_twblas_eager,
+// train_dense_eager: GPU time and host_us per step). Suite fp8: twblas_fp8 (TW_COMPUTE_FP8_WEIGHTS) next to twblas, dense and the gate GEMM at the
 // paper's shape, M = 64 to 65536, and heavy-29 / llm-29 at 16384; groups from M = 64 carry it too.
 #include <cstdio>
 #include <cstring>
@@ -57,6 +59,7 @@ using twbench::register_copy;
 using twbench::register_eager;
 using twbench::register_group;
 using twbench::register_train;
+using twbench::register_train_eager;
 using twbench::Shape;
 
 void register_suite(const std::string &suite) {
@@ -94,6 +97,13 @@ void register_suite(const std::string &suite) {
     }
     if (suite == "crossover") {  // the two-pass crossover (heuristics::kTwoPassMinTokens), M = 128 to 1024
         register_eager(paper, "uniform-29", {128, 192, 256, 384, 512, 768, 1024}, 1024, true);
+        return;
+    }
+    if (suite == "train-eager") {
+        // issue 13: the layers of examples/pytorch/train_sparse_lm.py (d_model 512 and 1024, d_ff
+        // 4 d_model) at the tokens a GPU takes there and the sparsity training reaches (~6 active
+        // units), graph-replayed and eager: how much of a small layer's step is host time
+        for (const Shape s : {Shape{512, 2048}, Shape{1024, 4096}}) register_train_eager(s, "uniform-6", {8192, 16384});
         return;
     }
     if (suite == "full" || suite == "train") {

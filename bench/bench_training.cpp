@@ -100,46 +100,62 @@ struct SaveDense {
     }
 };
 
+/// Settles the forward's path (it follows an earlier forward's statistics: one step per instance),
+/// then checks every gradient against the dense training step on the same data; the counters
+/// record the errors, a larger one fails the benchmark. Returns instance 0's statistics.
+twFfnStats_t settle_and_verify(benchmark::State &state, Problem &p, TwTrain &tw, int64_t m, const DeviceMemory &dy) {
+    const Shape s = p.shape;
+    for (int i = 0; i < kInstances; ++i) {
+        tw.step(p, i);
+        twFfnStats_t si{};
+        ck(twFfnGetStats(p.handle, p.ffn[i], &si), p.handle, "stats");
+    }
+    tw.step(p, 0);
+    twFfnStats_t st{};
+    ck(twFfnGetStats(p.handle, p.ffn[0], &st), p.handle, "stats");
+    DenseTrain ref(m, s);
+    ref.step(p, 0, m, dy);
+    const size_t nx = static_cast<size_t>(m * s.d), nw = static_cast<size_t>(s.h * s.d);
+    const double ex = rel_error(download(tw.grads.dx.get(), nx), download(ref.grads.dx.get(), nx));
+    const double ew = rel_error(download(tw.grads.dwgu.get(), 2 * nw), download(ref.grads.dwgu.get(), 2 * nw));
+    const double ed = rel_error(download(tw.grads.dwd.get(), nw), download(ref.grads.dwd.get(), nw));
+    state.counters["rel_err_dx"] = ex;
+    state.counters["rel_err_dwgu"] = ew;
+    state.counters["rel_err_dwd"] = ed;
+    const double worst = std::max({ex, ew, ed});
+    if (!(worst < 3e-2))
+        state.SkipWithError(
+            ("twblas gradients differ from the dense step: rel. error " + std::to_string(worst)).c_str());
+    state.counters["mean_nnz"] = st.meanRowNnz;
+    state.counters["overflow_rows"] = static_cast<double>(st.overflowRows);
+    return st;
+}
+
 void bm_train_twblas(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m, bool save_dense) {
     auto p = problem(s, profile, max_m);
     const DeviceMemory &dy = train_dy(*p);
     const SaveDense attribute(*p, save_dense ? 1 : 0);
     TwTrain tw(*p, m, dy);
-    // the forward's path follows the statistics of an earlier forward: one step per instance
-    for (int i = 0; i < kInstances; ++i) {
-        tw.step(*p, i);
-        twFfnStats_t si{};
-        ck(twFfnGetStats(p->handle, p->ffn[i], &si), p->handle, "stats");
-    }
-    // verify before timing: every gradient against the dense training step on the same data
-    tw.step(*p, 0);
-    twFfnStats_t st{};
-    ck(twFfnGetStats(p->handle, p->ffn[0], &st), p->handle, "stats");
-    double worst = 0;
-    {
-        DenseTrain ref(m, s);
-        ref.step(*p, 0, m, dy);
-        const size_t nx = static_cast<size_t>(m * s.d), nw = static_cast<size_t>(s.h * s.d);
-        const double ex = rel_error(download(tw.grads.dx.get(), nx), download(ref.grads.dx.get(), nx));
-        const double ew = rel_error(download(tw.grads.dwgu.get(), 2 * nw), download(ref.grads.dwgu.get(), 2 * nw));
-        const double ed = rel_error(download(tw.grads.dwd.get(), nw), download(ref.grads.dwd.get(), nw));
-        state.counters["rel_err_dx"] = ex;
-        state.counters["rel_err_dwgu"] = ew;
-        state.counters["rel_err_dwd"] = ed;
-        worst = std::max({ex, ew, ed});
-    }
-    if (!(worst < 3e-2))
-        state.SkipWithError(
-            ("twblas gradients differ from the dense step: rel. error " + std::to_string(worst)).c_str());
+    settle_and_verify(state, *p, tw, m, dy);
     auto execs = capture([&](int i) { tw.step(*p, i); });
     time_graphs(state, 1, execs);
     add_problem_counters(state, *p, m);
-    state.counters["mean_nnz"] = st.meanRowNnz;
-    state.counters["overflow_rows"] = static_cast<double>(st.overflowRows);
     state.counters["saved_bytes"] = static_cast<double>(tw.saved_bytes);
     const double dense_h = static_cast<double>(m) * static_cast<double>(s.h) * 2.0;
     state.counters["dense_h_bytes"] = dense_h;
     state.counters["saved_over_dense_h"] = static_cast<double>(tw.saved_bytes) / dense_h;
+}
+
+/// The same step called as a training framework calls it: no graph, each call enqueued from the
+/// host (time_eager: GPU time between events, host time per call as the host_us counter). Where
+/// the tokens are few, as in a small model's layer, the host's part can set the step's pace.
+void bm_train_twblas_eager(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
+    auto p = problem(s, profile, max_m);
+    const DeviceMemory &dy = train_dy(*p);
+    TwTrain tw(*p, m, dy);
+    settle_and_verify(state, *p, tw, m, dy);
+    time_eager(state, 1, [&](int run) { tw.step(*p, run % kInstances); });
+    add_problem_counters(state, *p, m);
 }
 
 void bm_train_twblas_default(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
@@ -147,6 +163,15 @@ void bm_train_twblas_default(benchmark::State &state, Shape s, std::string profi
 }
 void bm_train_twblas_save_dense(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
     bm_train_twblas(state, s, std::move(profile), max_m, m, true);
+}
+
+/// The dense training step called eagerly (host_us as for twblas).
+void bm_train_dense_eager(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
+    auto p = problem(s, profile, max_m);
+    const DeviceMemory &dy = train_dy(*p);
+    DenseTrain b(m, s);
+    time_eager(state, 1, [&](int run) { b.step(*p, run % kInstances, m, dy); });
+    add_problem_counters(state, *p, m);
 }
 
 void bm_train_dense(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
@@ -170,6 +195,16 @@ void register_train(Shape s, const std::string &profile, const std::vector<int64
         if (save_dense)
             add(bench_name("train_twblas_save_dense", s, profile, m), bm_train_twblas_save_dense, s, profile, max_m, m);
         add(bench_name("train_dense", s, profile, m), bm_train_dense, s, profile, max_m, m);
+    }
+}
+
+void register_train_eager(Shape s, const std::string &profile, const std::vector<int64_t> &ms) {
+    const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+    for (int64_t m : ms) {
+        add(bench_name("train_twblas", s, profile, m), bm_train_twblas_default, s, profile, max_m, m);
+        add(bench_name("train_twblas_eager", s, profile, m), bm_train_twblas_eager, s, profile, max_m, m);
+        add(bench_name("train_dense", s, profile, m), bm_train_dense, s, profile, max_m, m);
+        add(bench_name("train_dense_eager", s, profile, m), bm_train_dense_eager, s, profile, max_m, m);
     }
 }
 

@@ -161,6 +161,8 @@ void register_copy();
 // bench_training.cpp
 /// train_twblas and train_dense at each M; train_twblas_save_dense too when `save_dense`.
 void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool save_dense);
+/// train_twblas and train_dense with their eager twins (train_twblas_eager, train_dense_eager).
+void register_train_eager(Shape s, const std::string &profile, const std::vector<int64_t> &ms);
 // bench_conversions.cpp
 /// conv/<variant>/d5632/<profile>/m<M>: twblas's conversions and cuSPARSE's on the FFN hidden
 /// activation, uniform-29 and llm-29, M = 4096, 16384, 65536.
