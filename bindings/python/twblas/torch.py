@@ -159,6 +159,7 @@ class _Ffn(_Owned):
         self.stats = C.FfnStats()
         self.save_dense = False  # TW_FFN_ATTR_SAVE_DENSE as last set
         self.sizes = {}  # memoised _bufferSize answers (sized)
+        self.pointers = {}  # pointer attribute -> the address last set (point)
 
     def sized(self, key, query) -> int:
         """A _bufferSize answer, memoised by `key`: everything it depends on (the call, the token
@@ -196,19 +197,18 @@ class _Ffn(_Owned):
                     "twFfnUpdateWeights")
             self.versions = v
 
-    @contextlib.contextmanager
-    def pointing(self, attr: int, t: Tensor):
+    def point(self, attr: int, t: Tensor):
         """The pointer attribute `attr` (TW_FFN_ATTR_L1_OUTPUT / _L1_COEFF_POINTER) at the fp32
-        scalar `t` for the calls inside, NULL again after them."""
-        self._set_pointer(attr, t.data_ptr())
-        try:
-            yield
-        finally:
-            self._set_pointer(attr, None)
-
-    def _set_pointer(self, attr: int, address):
-        p = ctypes.c_void_p(address)
-        C.check(C.lib().twFfnSetAttribute(self.ptr, attr, ctypes.byref(p), ctypes.sizeof(p)), None, "twFfnSetAttribute")
+        scalar `t` for the next call. It stays set afterwards (one ctypes call fewer per call, none
+        when the caching allocator hands out the same address again): every call of this module
+        that reads or writes it sets it first, under the FFN's lock, so a stale address is never
+        used."""
+        address = t.data_ptr()
+        if self.pointers.get(attr) != address:
+            p = ctypes.c_void_p(address)
+            C.check(C.lib().twFfnSetAttribute(self.ptr, attr, ctypes.byref(p), ctypes.sizeof(p)), None,
+                    "twFfnSetAttribute")
+            self.pointers[attr] = address
 
     def read_stats(self, handle: _Handle) -> C.FfnStats:
         h = handle.on_current_stream()
@@ -335,16 +335,15 @@ def _forward_call(handle: _Handle, ffn: _Ffn, x: Tensor, y: Tensor, l1: Tensor, 
 
     work = _workspace(ffn.sized(("forward", m, x.stride(0), y.stride(0), ffn.save_dense),
                                 lambda: query("twSpGEMMFused_bufferSize", xd, yd)), x.device)
+    ffn.point(C.FFN_ATTR_L1_OUTPUT, l1)
     if training:
         saved = _workspace(ffn.sized(("saved", m, ffn.save_dense), lambda: query("twSpGEMMFusedSaved_bufferSize", m)),
                            x.device)
-        with ffn.pointing(C.FFN_ATTR_L1_OUTPUT, l1):
-            C.check(C.lib().twSpGEMMFusedForwardTrain(h, ffn.ptr, xd, yd, ctypes.c_void_p(saved.data_ptr()),
-                                                      ctypes.c_void_p(work.data_ptr())), h, "twSpGEMMFusedForwardTrain")
+        C.check(C.lib().twSpGEMMFusedForwardTrain(h, ffn.ptr, xd, yd, ctypes.c_void_p(saved.data_ptr()),
+                                                  ctypes.c_void_p(work.data_ptr())), h, "twSpGEMMFusedForwardTrain")
     else:
-        with ffn.pointing(C.FFN_ATTR_L1_OUTPUT, l1):
-            C.check(C.lib().twSpGEMMFused(h, ffn.ptr, xd, yd, None, ctypes.c_void_p(work.data_ptr())), h,
-                    "twSpGEMMFused")
+        C.check(C.lib().twSpGEMMFused(h, ffn.ptr, xd, yd, None, ctypes.c_void_p(work.data_ptr())), h,
+                "twSpGEMMFused")
     return saved
 
 
@@ -366,7 +365,9 @@ def _backward_impl(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Te
         raise RuntimeError("twblas: the forward ran without gradients enabled: no saved state to differentiate")
     if dl1.device != x.device or dl1.numel() != 1:
         raise ValueError(f"twblas: l1's gradient must be one value on {x.device}, got shape {tuple(dl1.shape)} on {dl1.device}")
-    coeff = dl1.reshape(()).to(torch.float32).contiguous()
+    coeff = dl1.reshape(())
+    if coeff.dtype != torch.float32:
+        coeff = coeff.to(torch.float32)
     handle = _handle(x.device)
     ws = _weights(w_gate, w_up, w_down)
     dy = dy.contiguous()
@@ -388,11 +389,11 @@ def _backward_impl(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Te
             return n.value
 
         work = _workspace(ffn.sized(("backward", m, ffn.save_dense), query), x.device)
-        with ffn.pointing(C.FFN_ATTR_L1_COEFF_POINTER, coeff):  # the l1Coeff argument (0) is then ignored
-            C.check(C.lib().twSpGEMMFusedBackward(h, ffn.ptr, xd, ctypes.c_void_p(saved.data_ptr() if m else None),
-                                                  dyd, 0.0, dxd, dwgd, dwud,
-                                                  dwdd, ctypes.c_void_p(work.data_ptr())), h,
-                    "twSpGEMMFusedBackward")
+        ffn.point(C.FFN_ATTR_L1_COEFF_POINTER, coeff)  # the l1Coeff argument (0) is then ignored
+        C.check(C.lib().twSpGEMMFusedBackward(h, ffn.ptr, xd, ctypes.c_void_p(saved.data_ptr() if m else None),
+                                              dyd, 0.0, dxd, dwgd, dwud,
+                                              dwdd, ctypes.c_void_p(work.data_ptr())), h,
+                "twSpGEMMFusedBackward")
     return [dx, dwu, dwd, dwg]
 
 
