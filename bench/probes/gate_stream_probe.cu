@@ -20,23 +20,8 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
 
-#define CHECK(x)                                                                                       \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
-            std::exit(1);                                                                              \
-        }                                                                                              \
-    } while (0)
+#include "probe_common.cuh"
 
-using bf16 = __nv_bfloat16;
-
-__device__ inline float dot8(uint4 w, uint4 x, float acc) {
-    const bf16 *a = reinterpret_cast<const bf16 *>(&w), *b = reinterpret_cast<const bf16 *>(&x);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc = fmaf(__bfloat162float(a[e]), __bfloat162float(b[e]), acc);
-    return acc;
-}
 
 // a 16-byte streaming load that asks L2 to fetch the whole 256-byte block around it (the tile
 // pattern reads 64 bytes of a row per instruction, the rest of each line by other warps later)

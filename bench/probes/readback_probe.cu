@@ -14,14 +14,7 @@
 #include <functional>
 #include <vector>
 
-#define CHECK(x)                                                                                       \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
-            std::exit(1);                                                                              \
-        }                                                                                              \
-    } while (0)
+#include "probe_common.cuh"
 
 struct Result {
     unsigned long long a[6];
@@ -97,11 +90,6 @@ int main() {
              empty_kernel<<<1, 32, 0, s>>>(dev);
              empty_kernel<<<1, 32, 0, s>>>(dev);
              CHECK(cudaMemcpyAsync(pinned, dev, sizeof(Result), cudaMemcpyDeviceToHost, s));
-             CHECK(cudaStreamSynchronize(s));
-         }},
-        {"1 kernel + publish-and-reset kernel (mapped) + sync", [&] {
-             empty_kernel<<<1, 32, 0, s>>>(dev);
-             publish_kernel<<<1, 1, 0, s>>>(dev, mapped_dev);
              CHECK(cudaStreamSynchronize(s));
          }},
         {"2 cudaPointerGetAttributes", [&] {

@@ -22,28 +22,13 @@
 #include <random>
 #include <vector>
 
-#define CHECK(x)                                                                                       \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
-            std::exit(1);                                                                              \
-        }                                                                                              \
-    } while (0)
+#include "probe_common.cuh"
 
-using bf16 = __nv_bfloat16;
 constexpr int kWarps = 8;    // warps a block
 // weight copies the timing loops rotate over: a launch touches only the union's rows (~6.5 MB of
 // each half at M = 64), so 12 copies keep the rows a launch reads out of the 50 MB L2
 constexpr int kCopies = 12;
 constexpr int kReps = 200;
-
-__device__ inline float dot8(uint4 w, uint4 x, float acc) {
-    const bf16 *a = reinterpret_cast<const bf16 *>(&w), *b = reinterpret_cast<const bf16 *>(&x);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc = fmaf(__bfloat162float(a[e]), __bfloat162float(b[e]), acc);
-    return acc;
-}
 
 __device__ inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

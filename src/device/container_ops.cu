@@ -21,7 +21,10 @@ namespace {
 constexpr int kWarpsPerBlock = kWarpsPerRowBlock;  // the row kernels: one warp per row
 static_assert(32 * kWarpsPerBlock == kCheckThreads, "twell_check_rows sizes its bitmaps by its block");
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::max(1, ceil_div(rows, kWarpsPerBlock))); }
-unsigned flat_blocks(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(4096, std::max<int64_t>(1, (n + 255) / 256))); }
+/// Blocks of `threads` for a grid-stride loop over n items (at most 4096, at least one).
+unsigned flat_blocks(int64_t n, int threads = 256) {
+    return static_cast<unsigned>(std::min<int64_t>(4096, std::max<int64_t>(1, (n + threads - 1) / threads)));
+}
 
 /// Copies `bytes` at `src` back to the host after the stream's work (the sparse -> sparse
 /// conversions' entry totals; ContainerOps::read_back for the verdicts).
@@ -198,7 +201,7 @@ const InspectResult *ContainerOps::launch_validation(cudaStream_t stream, const 
     // per row; the kernel's blocks are kCheckThreads wide)
     const unsigned rows = row_blocks(s.rows);
     const int64_t items = twell ? s.rows : std::min(s.rows, s.hybrid.backup_rows);
-    const unsigned items_blocks = static_cast<unsigned>(std::min<int64_t>(4096, std::max<int64_t>(1, ceil_div(items, kCheckThreads))));
+    const unsigned items_blocks = flat_blocks(items, kCheckThreads);
     if (twell)
         twell_check<<<rows + items_blocks, kCheckThreads, 0, stream>>>(c, reinterpret_cast<uintptr_t>(s.buffer) % 16 == 0,
                                                                         rows, r.use, r.clear);

@@ -104,9 +104,7 @@ template <class T> void launch_tokens(cudaStream_t stream, const TokenArgs<T> &a
     if (a.m == 0) return;
     constexpr int E = Chunk<T>::n;
     const size_t smem = static_cast<size_t>(a.dp) * sizeof(T);  // dY_t
-    if (smem > 48 * 1024)
-        check(cudaFuncSetAttribute(token_dh<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-              "cudaFuncSetAttribute");
+    allow_dynamic_smem(token_dh<T>, smem);
     token_dh<T><<<static_cast<unsigned>(a.m), 32 * kDhWarps, smem, stream>>>(a);
     check_launch("token_dh");
     // blockIdx.x = token is the fast index: the grid runs slice by slice, so the slice of the

@@ -244,10 +244,8 @@ void launch_count_dense(cudaStream_t stream, const FfnProblem &p, const void *z,
 template <class T, int V> void launch_fused_v(cudaStream_t stream, const FusedArgs<T> &a, int warps) {
     const int threads = 32 * warps;
     const size_t smem = kStages * sparse_stage_bytes<T>(a.dp, a.gated, threads);
-    // over 48 KB only for D > ~6000 (16-bit); the attribute is the kernel's, not twblas state
-    if (smem > 48 * 1024)
-        check(cudaFuncSetAttribute(sparse_ffn<T, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-              "cudaFuncSetAttribute");
+    // over 48 KB only for D > ~6000 (16-bit)
+    allow_dynamic_smem(sparse_ffn<T, V>, smem);
     const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>(a.splits));
     sparse_ffn<T, V><<<grid, threads, smem, stream>>>(a);
     check_launch("sparse_ffn");
@@ -289,18 +287,14 @@ void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const Fwd
         // x over the FP8 half (D rounded up to 16), then the list's ids, gate values and scales:
         // over 48 KB only past D ~ 8000 with long lists (max_model_dim keeps D at 8192)
         const size_t smem = static_cast<size_t>(a.fp8.half) * sizeof(T) + static_cast<size_t>(ell) * 12;
-        if (smem > 48 * 1024)
-            check(cudaFuncSetAttribute(fwd_u_fp8<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-                  "cudaFuncSetAttribute");
+        allow_dynamic_smem(fwd_u_fp8<T>, smem);
         launch_dependent(fwd_u_fp8<T>, dim3(static_cast<unsigned>(p.m)), dim3(32 * kFwdUWarps), smem, stream, pdl,
                          "cudaLaunchKernelEx(fwd_u_fp8)", a);
     } else {
         // x_t (gated: at most 8192 x 2 or 4096 x 4 bytes, max_model_dim), then the list's ids and
         // gate values: over 48 KB only past D ~ 8000 with long lists
         const size_t smem = (p.gated ? static_cast<size_t>(p.dp) * sizeof(T) : 0) + static_cast<size_t>(ell) * 8;
-        if (smem > 48 * 1024)
-            check(cudaFuncSetAttribute(fwd_u<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-                  "cudaFuncSetAttribute");
+        allow_dynamic_smem(fwd_u<T>, smem);
         launch_dependent(fwd_u<T>, dim3(static_cast<unsigned>(p.m)), dim3(32 * kFwdUWarps), smem, stream, pdl,
                          "cudaLaunchKernelEx(fwd_u)", a);
     }
@@ -309,10 +303,7 @@ void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const Fwd
     const dim3 grid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.dp, cols_per_block)));
     const size_t list_smem = static_cast<size_t>(ell) * (sizeof(int64_t) + sizeof(float));
     // over 48 KB only for lists of more than 4096 units (H beyond ~34000 at the default tile)
-    if (list_smem > 48 * 1024)
-        check(cudaFuncSetAttribute(fwd_y<T, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(list_smem)),
-              "cudaFuncSetAttribute");
+    allow_dynamic_smem(fwd_y<T, FP8>, list_smem);
     launch_dependent(fwd_y<T, FP8>, grid, dim3(kFwdYThreads), list_smem, stream, pdl, "cudaLaunchKernelEx(fwd_y)", a);
 }
 

@@ -32,6 +32,13 @@ __device__ inline bool relu_active(float v) { return v > 0.0f || v != v; }
 
 // ---- 16-byte chunks
 
+/// The raw 16 bits of value j (0 .. 7) of a chunk of eight 16-bit values, by selects rather than
+/// an indexed read, so a run-time j keeps the chunk in registers.
+__device__ inline uint32_t chunk_bits16(const uint4 &c, int j) {
+    const uint32_t w = j < 4 ? (j < 2 ? c.x : c.y) : (j < 6 ? c.z : c.w);
+    return j % 2 ? w >> 16 : w & 0xffffu;
+}
+
 template <class T> struct Chunk;
 template <> struct Chunk<__nv_bfloat16> {
     static constexpr int n = 8;

@@ -49,9 +49,8 @@ __device__ inline void load8_bits(const MatrixArg &in, int64_t r, int64_t c0, in
                                   uint32_t (&bits)[8]) {
     if (vec && c0 + 8 <= cols) {
         const uint4 q = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(in.ptr) + r * in.rs + c0);
-        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-        for (int j = 0; j < 8; ++j) bits[j] = j % 2 ? w[j / 2] >> 16 : w[j / 2] & 0xffffu;
+        for (int j = 0; j < 8; ++j) bits[j] = chunk_bits16(q, j);
         return;
     }
 #pragma unroll

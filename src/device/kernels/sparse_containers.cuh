@@ -51,12 +51,6 @@ __global__ void write_twell_rows(MatrixArg in, ActiveMask mask, twConvertOp_t op
     if (lane == 0) flags[row] = overflow ? 1 : 0;
 }
 
-/// The 16-bit value j (0 .. 7) of eight loaded together.
-__device__ inline uint32_t half_of(const uint4 &v, int j) {
-    const uint32_t w = j < 4 ? (j < 2 ? v.x : v.y) : (j < 6 ? v.z : v.w);
-    return j % 2 ? w >> 16 : w & 0xffffu;
-}
-
 /// write_twell_rows under an active mask, for 16-bit values of the container's type in rows on
 /// 16 bytes (the masked gate GEMM's output, ~0.5 % active): a lane per 32-column mask word,
 /// 1024 columns a step, and only the set bits' values read. The 8-columns-a-lane writer spent
@@ -101,7 +95,7 @@ __global__ void write_twell_rows_masked(MatrixArg in, ActiveMask mask, twConvert
             if (g0 + 32 * k >= nwords) break;  // uniform across the warp
             const int64_t w = g0 + 32 * k + lane;
             auto value = [&](int64_t col) -> uint32_t {
-                return (col & ~int64_t{7}) == near[k] ? half_of(v[k], static_cast<int>(col & 7)) : vrow[col];
+                return (col & ~int64_t{7}) == near[k] ? chunk_bits16(v[k], static_cast<int>(col & 7)) : vrow[col];
             };
             uint32_t bits = m[k];
             if (op != TW_CONVERT_RELU)
