@@ -310,14 +310,16 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
                   const twDnMatDescr &dwu, const twDnMatDescr &dwd, void *workspace) {
     CudaFfnState &st = state_of(ffn);
     const FfnProblem p = problem_of(ffn, x.rows);
-    require_device_accessible(x.values, "X");
-    require_device_accessible(saved, "saved");
-    require_device_accessible(dy.values, "dY");
-    require_device_accessible(dx.values, "dX");
-    if (dwg) require_device_accessible(dwg->values, "dWgate");
-    require_device_accessible(dwu.values, "dWup");
-    require_device_accessible(dwd.values, "dWdown");
-    require_device_accessible(workspace, "workspace");
+    std::lock_guard<std::mutex> lock(st.mutex);
+    ReachablePointers &checked = st.train_pointers;
+    checked.require(x.values, "X");
+    checked.require(saved, "saved");
+    checked.require(dy.values, "dY");
+    checked.require(dx.values, "dX");
+    if (dwg) checked.require(dwg->values, "dWgate");
+    checked.require(dwu.values, "dWup");
+    checked.require(dwd.values, "dWdown");
+    checked.require(workspace, "workspace");
     const TrainScratch s = carve_train_scratch(workspace, p, nullptr);
     const FfnWeights w = st.weights(p);
     BackwardArgs b{};
@@ -330,7 +332,6 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
     b.l1_scale.value = p.m > 0 ? l1.value / static_cast<float>(p.m) : 0.0f;
     b.l1_scale.coeff = p.m > 0 ? l1.at : nullptr;  // read by the kernels, divided there as here
     b.l1_scale.m = static_cast<float>(p.m);
-    std::lock_guard<std::mutex> lock(st.mutex);
     const TrainForwards::Record *forward = st.train_forwards.find(saved, p.m);
     if (p.save_dense && p.m > 0 && forward && forward->kept_z_u && gemm_writes(dwg) && gemm_writes(&dwu) &&
         gemm_writes(&dwd))

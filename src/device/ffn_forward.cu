@@ -594,11 +594,11 @@ void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMat
                        void *saved, void *workspace) {
     CudaFfnState &st = state_of(ffn);
     const FfnProblem p = problem_of(ffn, x.rows);
-    require_device_accessible(x.values, "X");
-    require_device_accessible(y.values, "Y");
-    require_device_accessible(saved, "saved");
-    require_device_accessible(workspace, "workspace");
     std::lock_guard<std::mutex> lock(st.mutex);
+    st.train_pointers.require(x.values, "X");
+    st.train_pointers.require(y.values, "Y");
+    st.train_pointers.require(saved, "saved");
+    st.train_pointers.require(workspace, "workspace");
     absorb_feedback(st);
     const ForwardPath path = choose_path(st, p, x, y, true);
     by_type(p.type, [&](auto tag) { enqueue_training<decltype(tag)>(stream, st, p, path, x, y, saved, workspace); });

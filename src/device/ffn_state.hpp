@@ -12,6 +12,7 @@
 #include "ffn_layout.hpp"
 #include "gemm/lt_gemm.hpp"
 #include "common/device_info.hpp"
+#include "common/pointer_check.hpp"
 #include "host/backend.hpp"
 
 namespace twblas::cuda {
@@ -84,6 +85,7 @@ struct CudaFfnState final : FfnState {
     double mean_active = 0.0;  // active units per token (feedback_mean: up to ~19 % above)
     double dense_row_fraction = 0.0;
     TrainForwards train_forwards;
+    ReachablePointers train_pointers;  // the training calls' arguments, checked once each
 
     FfnWeights weights(const FfnProblem &p) const {
         return {gate.get(), pair.get(), p.gated ? 2 * p.dp : p.dp, down_t.get(),

@@ -41,6 +41,9 @@ from . import _lib as C
 __all__ = ["sparse_ffn", "SparseMLP"]
 
 _DTYPES = {torch.float32: C.R_32F, torch.float16: C.R_16F, torch.bfloat16: C.R_16BF}
+# the current stream's address without a torch.cuda.Stream object (a few microseconds a call
+# fewer); torch.cuda.current_stream where this torch lacks it
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 # ---------------------------------------------------------------------------------------------
 # handles and descriptors (C objects owned by Python objects)
@@ -72,15 +75,23 @@ class _Handle(_Owned):
         self.device = device
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"twblas: tensors on {device} are not supported (CPU or CUDA)")
+        self.index = (device.index if device.index is not None else torch.cuda.current_device()) \
+            if device.type == "cuda" else -1
+        self.stream = None  # the stream last given to twSetStream
         backend = C.BACKEND_CUDA if device.type == "cuda" else C.BACKEND_CPU
         # a CUDA handle belongs to the device current at its creation
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             C.check(C.lib().twCreateWithBackend(ctypes.byref(self.ptr), backend), None, "twCreateWithBackend")
 
     def on_current_stream(self):
+        """The handle, set to torch's current stream of its device (twSetStream only when that
+        stream changed: the handle is this thread's own, and only this method sets its stream)."""
         if self.device.type == "cuda":
-            stream = torch.cuda.current_stream(self.device).cuda_stream
-            C.check(C.lib().twSetStream(self.ptr, ctypes.c_void_p(stream)), self.ptr, "twSetStream")
+            stream = (_raw_stream(self.index) if _raw_stream is not None
+                      else torch.cuda.current_stream(self.device).cuda_stream)
+            if stream != self.stream:
+                C.check(C.lib().twSetStream(self.ptr, ctypes.c_void_p(stream)), self.ptr, "twSetStream")
+                self.stream = stream
         return self.ptr
 
 
