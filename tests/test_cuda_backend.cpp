@@ -404,6 +404,24 @@ TEST_CASE("CUDA backend: host memory in a descriptor is INVALID_VALUE naming the
         expect_invalid(twSpGEMMFused(h, ffn, Xh, Y, nullptr, ws), "X");
         expect_invalid(twSpGEMMFused(h, ffn, X, Y, nullptr, host_ws.data()), "workspace");
     }
+    // the training calls check each pointer once and remember it: a host pointer is refused
+    // every time, also between calls with device memory at the same arguments
+    size_t saved_bytes = 0, bwd_bytes = 0;
+    TW_REQUIRE_OK(h, twSpGEMMFusedSaved_bufferSize(h, ffn, m, &saved_bytes));
+    TW_REQUIRE_OK(h, twSpGEMMFusedBackward_bufferSize(h, ffn, m, &bwd_bytes));
+    void *saved = buf.memory(saved_bytes), *bws = buf.memory(bwd_bytes);
+    Dense dx(m, d, c.type), dwg(hd, d, c.type), dwu(hd, d, c.type), dwd(hd, d, c.type);
+    const twDnMatDescr_t DX = buf.output(dx), DWG = buf.output(dwg), DWU = buf.output(dwu), DWD = buf.output(dwd);
+    for (int i = 0; i < 3; ++i) {
+        TW_REQUIRE_OK(h, twSpGEMMFusedForwardTrain(h, ffn, X, Y, saved, ws));
+        expect_invalid(twSpGEMMFusedForwardTrain(h, ffn, Xh, Y, saved, ws), "X");
+        expect_invalid(twSpGEMMFusedForwardTrain(h, ffn, X, Y, host_ws.data(), ws), "saved");
+        TW_REQUIRE_OK(h, twSpGEMMFusedBackward(h, ffn, X, saved, Y, 0.0f, DX, DWG, DWU, DWD, bws));
+        expect_invalid(twSpGEMMFusedBackward(h, ffn, X, saved, Xh, 0.0f, DX, DWG, DWU, DWD, bws), "dY");
+        expect_invalid(twSpGEMMFusedBackward(h, ffn, X, saved, Y, 0.0f, DX, DWG, DWU, DWD, host_ws.data()),
+                       "workspace");
+    }
+    cuda_ok(cudaDeviceSynchronize());  // the accepted calls ran without a fault
     // a sparse container over host memory
     size_t tb = 0;
     REQUIRE(twTwellBufferSize(m, hd, 256, 8, &tb) == TW_STATUS_SUCCESS);

@@ -1,9 +1,10 @@
 """Host time against GPU time of one SparseMLP training step (forward + backward) at the DDP
-example's layer size (d_model 1024, d_ff 4096, bf16, ~8 active units a token), 8192 and 16384 tokens, beside the dense
-twin (three nn.Linear). For each: the host time to issue a step (wall clock of the Python call,
-the GPU kept busy so nothing waits on it), the GPU time of a step (CUDA events around 20 steps),
-and, for the sparse one, the Python functions with the most own time (cProfile). A step whose
-host time is above its GPU time is host-bound.
+example's layer size (d_model 1024, d_ff 4096, bf16, ~8 active units a token), 8192 and 16384
+tokens, beside the dense twin (three nn.Linear). For each: the host time to issue a step (wall
+clock of 5 steps issued while the GPU is still busy with a long sleep, so that no call waits on
+it), the GPU time of a step (CUDA events around 20 steps back to back), and, for the sparse one,
+the Python functions with the most own time (cProfile). A step whose host time is above its GPU
+time is host-bound.
     TWBLAS_LIBRARY=build/src/libtwblas.so PYTHONPATH=bindings/python python3 bench/probes/sparse_mlp_host_probe.py
 """
 import cProfile
@@ -62,17 +63,18 @@ def measure(kind, m):
     end.record()
     torch.cuda.synchronize()
     gpu_ms = start.elapsed_time(end) / n
-    # host time: the GPU busy on a long sleep first, so every launch returns at once
-    host = []
-    for _ in range(n):
-        torch.cuda._sleep(50_000_000)
-        t0 = time.perf_counter()
+    # host time: the GPU kept busy by a long sleep first, then steps issued back to back (every
+    # launch returns at once); the issue time per step. Five steps: twenty of the sparse step
+    # filled the launch queue (~60 launches a step) and waited for the sleep (10 ms a step).
+    issued = 5
+    torch.cuda._sleep(400_000_000)
+    t0 = time.perf_counter()
+    for _ in range(issued):
         step()
-        host.append(1e3 * (time.perf_counter() - t0))
-        torch.cuda.synchronize()
-    host.sort()
+    host_ms = 1e3 * (time.perf_counter() - t0) / issued
+    torch.cuda.synchronize()
     active = mlp.stats()["mean_active"] if kind == "sparse" else float("nan")
-    print(f"{kind:6s} m {m:6d}  step {gpu_ms:7.3f} ms (events, back to back)  host {host[n // 2]:7.3f} ms (median)"
+    print(f"{kind:6s} m {m:6d}  step {gpu_ms:7.3f} ms (events, back to back)  host {host_ms:7.3f} ms (issue time)"
           f"  mean active {active:.1f}", flush=True)
     if kind == "sparse":
         torch.cuda._sleep(200_000_000)
