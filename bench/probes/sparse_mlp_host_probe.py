@@ -5,7 +5,8 @@ clock of 5 steps issued while the GPU is still busy with a long sleep, so that n
 it), the GPU time of a step (CUDA events around 20 steps back to back), and, for the sparse one,
 the Python functions with the most own time (cProfile). A step whose host time is above its GPU
 time is host-bound.
-    TWBLAS_LIBRARY=build/src/libtwblas.so PYTHONPATH=bindings/python python3 bench/probes/sparse_mlp_host_probe.py
+    TWBLAS_LIBRARY=build/src/libtwblas.so PYTHONPATH=bindings/python python3 bench/probes/sparse_mlp_host_probe.py [breakdown]
+With `breakdown`: the sparse step's host time split over the binding's functions and C calls.
 """
 import cProfile
 import pstats
@@ -87,6 +88,69 @@ def measure(kind, m):
         pstats.Stats(prof).sort_stats("tottime").print_stats(12)
 
 
-for m in (8192, 16384):
-    for kind in ("sparse", "dense"):
-        measure(kind, m)
+
+
+def breakdown(m=8192, steps=50):
+    """Where the sparse step's host time goes: wall time of the binding's Python functions and of
+    its C calls (each wrapped in a timer), per step, steps synchronised one by one so that no call
+    waits for the GPU. The timers add ~1 us a call."""
+    import twblas.torch as T
+    from twblas import _lib as C
+    mlp, step = make("sparse", m)
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    acc = {}
+
+    def timed(name, f):
+        def w(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
+        return w
+    lib = C.lib()
+    saved = {}
+    for n in ("twSpGEMMFusedForwardTrain", "twSpGEMMFusedBackward", "twSetStream", "twFfnSetAttribute"):
+        saved[n] = getattr(lib, n)
+        setattr(lib, n, timed("C " + n, saved[n]))
+    for n in ("_forward_impl", "_backward_impl", "_described", "_workspace", "_handle", "_check_inputs"):
+        saved[n] = getattr(T, n)
+        setattr(T, n, timed("py " + n, saved[n]))
+    fwd = bwd = 0.0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        y = mlp(x_of(mlp, m))
+        loss = y.float().square().mean() + 3e-4 * mlp.l1
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        torch.cuda.synchronize()
+        fwd, bwd = fwd + t1 - t0, bwd + t2 - t1
+    print(f"breakdown, sparse m {m}: forward + loss {1e3 * fwd / steps:.3f} ms, backward() {1e3 * bwd / steps:.3f} ms a step")
+    for k, v in sorted(acc.items(), key=lambda kv: -kv[1]):
+        print(f"   {k:40s} {1e3 * v / steps:7.3f} ms a step")
+    for n, f in saved.items():
+        setattr(lib if n.startswith("tw") else T, n, f)
+
+
+_inputs = {}
+
+
+def x_of(mlp, m):
+    if m not in _inputs:
+        x = torch.randn(m, D, device="cuda", dtype=torch.bfloat16)
+        x[:, 0] = 1.0
+        _inputs[m] = x.requires_grad_(True)
+    return _inputs[m]
+
+
+if __name__ == "__main__":
+    import sys
+    if "breakdown" in sys.argv[1:]:
+        breakdown()
+    else:
+        for m in (8192, 16384):
+            for kind in ("sparse", "dense"):
+                measure(kind, m)
