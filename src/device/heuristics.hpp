@@ -69,6 +69,34 @@ constexpr int kServeUpChunks = TWBLAS_SERVE_UP_CHUNKS;
 #else
 constexpr int kServeUpChunks = 8;
 #endif
+/// serve_up prefetches each active unit's Wd row into L2 after its dot product, for
+/// serve_down_list. Without it, M = 32 / 64 / 128 took 29.4 / 34.0 / 43.1 us against 28.7 / 34.5 /
+/// 43.7 (H100, same call: bench/results/h100-serve-list-variants-2026-11-25.txt): kept.
+/// -DTWBLAS_SERVE_UP_PREFETCH=0 builds without it, to time both (scripts/variant-lib.sh).
+#ifdef TWBLAS_SERVE_UP_PREFETCH
+constexpr bool kServeUpPrefetch = TWBLAS_SERVE_UP_PREFETCH;
+#else
+constexpr bool kServeUpPrefetch = true;
+#endif
+/// serve_down_list's geometry: slices of 256 columns a block, warps (parts) splitting each slice's
+/// list, rows in flight a warp. 2 x 4 x 8 and 1 x 8 x 4 measured level with 4 x 4 x 8 at M = 32 /
+/// 64 / 128 (same file): the kernel is bound by its chain of dependent steps, not its geometry.
+/// -DTWBLAS_SERVE_LIST_SLICES / _PARTS / _BATCH build another, to time it.
+#ifdef TWBLAS_SERVE_LIST_SLICES
+constexpr int kServeListSlices = TWBLAS_SERVE_LIST_SLICES;
+#else
+constexpr int kServeListSlices = 4;
+#endif
+#ifdef TWBLAS_SERVE_LIST_PARTS
+constexpr int kServeListParts = TWBLAS_SERVE_LIST_PARTS;
+#else
+constexpr int kServeListParts = 4;
+#endif
+#ifdef TWBLAS_SERVE_LIST_BATCH
+constexpr int kServeListBatch = TWBLAS_SERVE_LIST_BATCH;
+#else
+constexpr int kServeListBatch = 8;
+#endif
 /// serve_gate's 16-byte chunks of the weight row in flight per lane, up to 8 tokens (one x row per
 /// lane); 9 to 16 tokens hold two x rows and take 4. -DTWBLAS_SERVE_GATE_CHUNKS=N builds another
 /// to time it (bench/NOTES.md, "Serving path, fifth pass").

@@ -274,13 +274,6 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
 // version (serve_gate's tile product over the tile's tokens) took longer at M = 64, 15.2 us against
 // 12.9 for per-pair dots that loaded a row in two rounds: its warps ran every K step whatever the
 // share of the tile's units and tokens in use (ncu, bench/NOTES.md).
-// serve_up prefetches each active unit's Wd row into L2 after its dot product, for
-// serve_down_list; -DTWBLAS_SERVE_UP_PREFETCH=0 builds without, to time both.
-#ifdef TWBLAS_SERVE_UP_PREFETCH
-constexpr bool kServeUpPrefetch = TWBLAS_SERVE_UP_PREFETCH;
-#else
-constexpr bool kServeUpPrefetch = true;
-#endif
 constexpr int64_t kServeUpTokens = heuristics::kServeUpMaxTokens < heuristics::kServeMaxTokens ? heuristics::kServeUpMaxTokens
                                                                                                 : heuristics::kServeMaxTokens;
 constexpr int kServeTokenWords = kServeUpTokens > 32 ? static_cast<int>((kServeUpTokens + 31) / 32) : 1;
@@ -332,7 +325,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, heuristics::kServeUpChun
                     const int t = tw * 32 + __ffs(toks) - 1;
                     const float dot = serve_row_dot<T, heuristics::kServeUpChunks>(wu, a.x + t * a.x_rs, a.d, a.dp, lane);
                     // serve_down_list reads Wd_j next, from other SMs: bring it to L2 now
-                    if (kServeUpPrefetch)
+                    if (heuristics::kServeUpPrefetch)
                         for (int64_t k = lane * 64; k < a.dp; k += 32 * 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wu + a.dp + k));
                     if (lane == 0)
                         a.gate[t * a.ldg + j] = Value<T>::from_float(round_to<T>(Value<T>::to_float(gs[b][t]) * round_to<T>(dot)));
@@ -739,19 +732,8 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
 // the list, 8 units' loads in flight at a time, and the quarters are added in order. (One warp per
 // slice, the whole list each, took 14 us at M = 64: four warps an SM, each waiting on its own
 // instructions.) Rows longer than the list go in windows.
-// -DTWBLAS_SERVE_LIST_SLICES=S -DTWBLAS_SERVE_LIST_PARTS=P -DTWBLAS_SERVE_LIST_BATCH=B build
-// another geometry to time it (scripts/variant-lib.sh).
-#ifndef TWBLAS_SERVE_LIST_SLICES
-#define TWBLAS_SERVE_LIST_SLICES 4
-#endif
-#ifndef TWBLAS_SERVE_LIST_PARTS
-#define TWBLAS_SERVE_LIST_PARTS 4
-#endif
-#ifndef TWBLAS_SERVE_LIST_BATCH
-#define TWBLAS_SERVE_LIST_BATCH 8
-#endif
-constexpr int kServeListSlices = TWBLAS_SERVE_LIST_SLICES, kServeListParts = TWBLAS_SERVE_LIST_PARTS,
-              kServeListCap = 1024, kServeListBatch = TWBLAS_SERVE_LIST_BATCH;
+constexpr int kServeListSlices = heuristics::kServeListSlices, kServeListParts = heuristics::kServeListParts,
+              kServeListCap = 1024, kServeListBatch = heuristics::kServeListBatch;
 
 template <class T>
 __global__ void __launch_bounds__(32 * kServeListSlices * kServeListParts) serve_down_list(ServeArgs<T> a) {
