@@ -134,15 +134,13 @@ def _described(t: Tensor, down: bool = False) -> int:
     """The address of a dense descriptor of `t` (rows_of, or down_of with `down`) for one call,
     from this thread's cache: a descriptor is only an address, a shape and a type (it holds no
     tensor), so one made for earlier memory at the same address serves again (twCreateDnMat and
-    twDestroyDnMat cost ~5 us a pair through ctypes, and a call needs up to seven). Looked up by
-    what decides the layout (address, shape, strides, type, which layout) before the layout is
-    worked out."""
-    key = (t.data_ptr(), t.shape, t.stride(), t.dtype, down)
+    twDestroyDnMat cost ~5 us a pair through ctypes, and a call needs up to seven)."""
+    rows, cols, ld, order = _DnMat._layout_down(t) if down else _DnMat._layout_rows(t)
+    data = t.data_ptr() if t.numel() > 0 else None
+    key = (data, rows, cols, ld, order, t.dtype)
     cache = _state.descriptors
     d = cache.get(key)
     if d is None:
-        rows, cols, ld, order = _DnMat._layout_down(t) if down else _DnMat._layout_rows(t)
-        data = key[0] if t.numel() > 0 else None
         d = cache[key] = _DnMat(None, rows, cols, ld, order, data=data, dtype=t.dtype)
         if len(cache) > _MAX_DESCRIPTORS:
             cache.popitem(last=False)
@@ -254,41 +252,25 @@ def _handle(device: torch.device) -> _Handle:
     return h
 
 
-class _using_ffn:
-    """`with _using_ffn(handle, ws) as ffn`: the FFN descriptor of weights `ws`, locked and with
-    the weights' current values, for the calls inside. (A class rather than a generator-based
-    context manager: it runs twice per training step, and the generator's machinery cost more
-    than the lookup.)"""
-
-    __slots__ = ("ffn",)
-
-    def __init__(self, handle: _Handle, ws):
-        key = (handle.device,) + tuple(
-            (w.data_ptr(), w.shape, w.stride(), w.dtype) if w is not None else None for w in ws)
-        with _ffns_lock:
-            f = _ffns.get(key)
-            if f is not None and not f.matches(ws):
-                f = None  # the memory of freed weights, reused by other tensors
-            fresh = f is None
-            if fresh:
-                if len(_ffns) >= _MAX_FFNS:  # one still in use elsewhere lives on until that use ends
-                    _ffns.pop(next(iter(_ffns)))
-                f = _ffns[key] = _Ffn(handle, *ws)
-        f.lock.acquire()
-        try:
-            if not fresh:
-                f.sync_weights(handle, ws)
-        except BaseException:
-            f.lock.release()
-            raise
-        self.ffn = f
-
-    def __enter__(self) -> "_Ffn":
-        return self.ffn
-
-    def __exit__(self, *exc):
-        self.ffn.lock.release()
-        return False
+@contextlib.contextmanager
+def _using_ffn(handle: _Handle, ws):
+    """The FFN descriptor of weights `ws`, locked and with the weights' current values, for the
+    calls inside."""
+    key = (str(handle.device),) + tuple(
+        (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype) if w is not None else None for w in ws)
+    with _ffns_lock:
+        f = _ffns.get(key)
+        if f is not None and not f.matches(ws):
+            f = None  # the memory of freed weights, reused by other tensors
+        fresh = f is None
+        if fresh:
+            if len(_ffns) >= _MAX_FFNS:  # one still in use elsewhere lives on until that use ends
+                _ffns.pop(next(iter(_ffns)))
+            f = _ffns[key] = _Ffn(handle, *ws)
+    with f.lock:
+        if not fresh:
+            f.sync_weights(handle, ws)
+        yield f
 
 
 def _workspace(nbytes: int, device) -> Tensor:
@@ -351,6 +333,7 @@ def _forward_call(handle: _Handle, ffn: _Ffn, x: Tensor, y: Tensor, l1: Tensor, 
                   save_dense: bool) -> Tensor:
     """The forward's C calls, with ffn's lock held; returns the saved state (empty unless training)."""
     m = x.shape[0]
+    saved = torch.empty(0, dtype=torch.uint8, device=x.device)
     h = handle.on_current_stream()
     xd, yd = _described(x), _described(y)
     if training:
@@ -372,7 +355,6 @@ def _forward_call(handle: _Handle, ffn: _Ffn, x: Tensor, y: Tensor, l1: Tensor, 
     else:
         C.check(C.lib().twSpGEMMFused(h, ffn.ptr, xd, yd, None, ctypes.c_void_p(work.data_ptr())), h,
                 "twSpGEMMFused")
-        saved = torch.empty(0, dtype=torch.uint8, device=x.device)
     return saved
 
 
