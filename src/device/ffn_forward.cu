@@ -175,6 +175,19 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
             launch_serve_sparse<T, 2>(stream, a, st.pdl);
         return;
     }
+    if (p.m > heuristics::kServeGateMaxTokens && heuristics::kServeToken) {
+        // serve_finish_row's ticket zeroed, cuBLAS's gate GEMM (z rounded to T), then serve_token
+        check(cudaMemsetAsync(a.tickets + p.m, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
+        run_gate_gemm(stream, st, p, xg, s);
+        const int splits = heuristics::serve_token_splits(p.m, p.dp, write_h);
+        const int64_t per_split = ceil_div(p.dp / Chunk<T>::n, int64_t{splits});  // <= 2 x 512 (dp <= 8192)
+        const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.m)), block(kServeTokenThreads);
+        if (per_split <= kServeTokenThreads)
+            launch_dependent(serve_token<T, 1>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
+        else
+            launch_dependent(serve_token<T, 2>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
+        return;
+    }
     if (p.m > heuristics::kServeGateMaxTokens) {
         // cuBLAS's gate GEMM (z rounded to T), then serve_up: the masks, counts and h of the
         // active pairs over it

@@ -23,6 +23,12 @@ int serve_splits(int64_t tokens) {
                                                                     fused_splits(tokens)})));
 }
 
+int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h) {
+    if (writes_h) return 1;
+    const int64_t chunks = (dp + 7) / 8, at_least = (chunks + 511) / 512;
+    return static_cast<int>(std::max<int64_t>(at_least, std::min<int64_t>(4, 128 / std::max<int64_t>(1, tokens))));
+}
+
 int masked_gate_tile_n(int64_t m, int64_t n, int sm_count) {
     const int64_t slots = std::max(1, sm_count / 2);  // clusters of two CTAs
     const auto up = [](int64_t a, int64_t b) { return (a + b - 1) / b; };

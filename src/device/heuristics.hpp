@@ -60,6 +60,21 @@ constexpr int64_t kServeUpMaxTokens = TWBLAS_SERVE_UP_MAX_TOKENS;
 #else
 constexpr int64_t kServeUpMaxTokens = 128;
 #endif
+/// Past kServeGateMaxTokens and up to kServeUpMaxTokens: serve_token, one kernel after cuBLAS's
+/// gate (a block per token and column split: the token's list, its h, its y), in place of serve_up
+/// and serve_down_list. -DTWBLAS_SERVE_TOKEN=0 builds the pair, to time both
+/// (scripts/variant-lib.sh).
+#ifdef TWBLAS_SERVE_TOKEN
+constexpr bool kServeToken = TWBLAS_SERVE_TOKEN;
+#else
+constexpr bool kServeToken = true;
+#endif
+/// serve_token's column splits per token: about 128 blocks in all (one an SM), at most 4, and
+/// enough that a block's share of the columns is at most 512 16-byte chunks; one when the gate
+/// buffer becomes the hidden output (split 0 writes h there, where the other splits read g).
+/// Depends on the shape alone, so results stay reproducible.
+int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h);
+
 /// serve_up's 16-byte chunks in flight per lane in a dot product: 8 loads a whole row at D = 2048
 /// at once but needs 95 registers (five blocks an SM: the paper's shape's 704 blocks take two
 /// waves); up to 6 fit six blocks an SM (79 registers). 8 is what was measured (above);

@@ -344,9 +344,10 @@ __device__ inline int32_t serve_row_code(int32_t nnz, bool tile_over, int32_t ro
 // ---- serve_sparse: a team of W warps per (token, split); V 16-byte chunks of a row per thread
 
 /// Mask word w of token t from a cuBLAS gate row (more tokens than serve_gate takes): bit b set
-/// when unit 32 w + b is active. Counts each active unit, and zeroes the inactive ones when the
-/// gate buffer becomes the hidden output (serve_gate's epilogue does both on its path).
-template <class T> __device__ inline uint32_t serve_mask_from_gate(const ServeArgs<T> &a, int64_t t, int64_t w) {
+/// when unit 32 w + b is active. With `record` it counts each active unit, and zeroes the inactive
+/// ones when the gate buffer becomes the hidden output (serve_gate's epilogue does both on its path).
+template <class T>
+__device__ inline uint32_t serve_mask_from_gate(const ServeArgs<T> &a, int64_t t, int64_t w, bool record = true) {
     constexpr int E = Chunk<T>::n;  // 8: four chunks per word
     T *row = a.gate + t * a.ldg;
     uint4 v[4];
@@ -361,9 +362,10 @@ template <class T> __device__ inline uint32_t serve_mask_from_gate(const ServeAr
         const int64_t u0 = w * 32 + c * E;
         const uint32_t chunk_bits = chunk_active_bits<T>(v[c], u0, a.h);
         bits |= chunk_bits << (c * E);
-        if (a.write_h && u0 < a.ldg && chunk_bits != 0xffu) *reinterpret_cast<uint4 *>(row + u0) = keep_active(v[c], chunk_bits);
+        if (record && a.write_h && u0 < a.ldg && chunk_bits != 0xffu)
+            *reinterpret_cast<uint4 *>(row + u0) = keep_active(v[c], chunk_bits);
     }
-    if (a.neuron_counts)
+    if (record && a.neuron_counts)
         for (uint32_t b = bits; b; b &= b - 1) atomicAdd(a.neuron_counts + w * 32 + __ffs(b) - 1, 1ull);
     return bits;
 }
@@ -829,6 +831,171 @@ __global__ void __launch_bounds__(32 * kServeListSlices * kServeListParts) serve
         int n = 0;
         for (int64_t w = tile * per_tile; w < min(a.words, (tile + 1) * per_tile); ++w) n += __popc(__ldcg(mw + w));
         over |= n > a.slots;
+    }
+    over = __syncthreads_or(over);
+    const float row_l1 = block_reduce(l1, [](float x, float y) { return x + y; }, l1_scratch);
+    serve_finish_row<true>(a, t, total, over, row_l1, last_record);
+}
+
+// ---- serve_token: past serve_gate's tokens, one kernel after cuBLAS's gate in place of serve_up
+// and serve_down_list, whose two grids were each a chain of dependent round trips with the SMs
+// active half the time (ncu at M = 64, bench/NOTES.md). A block per (column split, token):
+//   1. x_t into shared memory (before the wait: x is not the gate's);
+//   2. the token's mask words from its gate row, a thread per run of words, and the list of its
+//      active units with g by a block scan (ranks in unit order, so the list ascends);
+//   3. h_tj = g_tj (x_t . Wu_j) with a warp per unit, the whole row's loads in flight, Wd_j's
+//      columns of the split asked of L2 first so that they arrive while the dots run;
+//   4. y_t over the split's columns: thread groups (parts) take consecutive stretches of the list,
+//      B rows in flight each, and the parts are added in part order.
+// Every split of a token recomputes its h (the splits read Wu_j at about the same time, so DRAM
+// serves it once); split 0 alone writes the masks, the neuron counts, h over the gate (the hidden
+// output; the launch then uses one split, as split 0 would write h where the others read g) and
+// the token's statistics, and the grid's last token block the step's. Rows longer than the list
+// go in windows. A fixed order everywhere, so the bits are deterministic.
+constexpr int kServeTokenWarps = 16, kServeTokenCap = 512, kServeTokenBatch = 8;
+constexpr int kServeTokenThreads = 32 * kServeTokenWarps;
+
+template <class T, int V> __global__ void __launch_bounds__(kServeTokenThreads) serve_token(ServeArgs<T> a) {
+    constexpr int E = Chunk<T>::n, W = kServeTokenWarps, B = kServeTokenBatch / V, NT = kServeTokenThreads;
+    constexpr int kMaxChunks = 1024;  // dp <= 8192 (heuristics::max_model_dim)
+    __shared__ uint4 xs[kMaxChunks];
+    __shared__ uint32_t words[kServeMaxWords];
+    __shared__ int32_t units[kServeTokenCap];
+    __shared__ float hs[kServeTokenCap];  // g, then h
+    __shared__ float red[NT * E];         // the parts' sums
+    __shared__ alignas(16) int warp_total[W];
+    __shared__ float l1_scratch[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
+    const int64_t t = blockIdx.y;
+    const int split = blockIdx.x, splits = gridDim.x;
+    const bool counts_row = split == 0;
+    const int nchunks = static_cast<int>(a.dp / E);
+    const T *xrow = a.x + t * a.x_rs;
+    for (int c = tid; c < nchunks; c += NT) xs[c] = serve_x_chunk(xrow, static_cast<int64_t>(c) * E, a.d);
+    const uint4 last_record = serve_down_start(a, counts_row);  // waits for cuBLAS's gate
+    allow_dependent_launch();
+
+    // 2. this thread's run of words (runs in thread order, so ranks follow unit order)
+    const int64_t per = (a.words + NT - 1) / NT;
+    const int64_t wb = min(a.words, tid * per), we = min(a.words, wb + per);
+    int mine = 0;
+    for (int64_t w = wb; w < we; ++w) {
+        const uint32_t bits = serve_mask_from_gate(a, t, w, counts_row);
+        words[w] = bits;
+        if (counts_row) a.masks[t * a.words + w] = bits;
+        mine += __popc(bits);
+    }
+    const int incl = warp_scan_incl(mine);
+    if (lane == 31) warp_total[warp] = incl;
+    __syncthreads();
+    int total = 0, before = 0;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+        before += w < warp ? warp_total[w] : 0;
+        total += warp_total[w];
+    }
+    const int first = before + incl - mine;  // this thread's first rank
+
+    // the split's columns: `span` chunks, V a thread; P parts of the list
+    const int per_split = (nchunks + splits - 1) / splits;
+    const int c0 = split * per_split, c1 = min(nchunks, c0 + per_split);
+    const int span = (per_split + V - 1) / V, parts = NT / span;
+    const int part = tid / span, local = tid % span;
+    const int64_t down = a.gated ? a.dp : 0;
+    const T *hrow = a.gate + t * a.ldg;
+    float acc[V][E];
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[v][e] = 0.0f;
+    float l1 = 0.0f;  // lane 0 of each warp, over its units (counts_row)
+    for (int win = 0; win < total; win += kServeTokenCap) {
+        if (first < win + kServeTokenCap && first + mine > win) {
+            int r = first;
+            for (int64_t w = wb; w < we && r < win + kServeTokenCap; ++w)
+                for (uint32_t bits = words[w]; bits; bits &= bits - 1, ++r) {
+                    if (r < win || r >= win + kServeTokenCap) continue;
+                    const int64_t j = w * 32 + __ffs(bits) - 1;
+                    units[r - win] = static_cast<int32_t>(j);
+                    hs[r - win] = Value<T>::to_float(__ldcg(hrow + j));
+                }
+        }
+        __syncthreads();
+        const int n = min(kServeTokenCap, total - win);
+        // 3. h over the window, a warp per unit
+        for (int i = warp; i < n; i += W) {
+            const int64_t j = units[i];
+            const T *row = a.pair + j * a.pair_stride;
+            for (int64_t k = static_cast<int64_t>(c0) * E + lane * 64; k < static_cast<int64_t>(c1) * E; k += 32 * 64)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(row + down + k));
+            float h = hs[i];
+            if (a.gated) h = round_to<T>(h * round_to<T>(warp_row_dot<T>(xs, row, nchunks)));
+            __syncwarp();  // every lane has read g before lane 0 overwrites it
+            if (lane == 0) {
+                hs[i] = h;
+                l1 += fabsf(h);
+                if (counts_row && a.write_h) a.gate[t * a.ldg + j] = Value<T>::from_float(h);
+            }
+        }
+        __syncthreads();
+        // 4. this part's stretch of the window, B rows in flight
+        if (part < parts) {
+            const int i1 = n * (part + 1) / parts;
+            for (int i0 = n * part / parts; i0 < i1; i0 += B) {
+                float h[B];
+                uint4 wd[B][V];
+#pragma unroll
+                for (int i = 0; i < B; ++i) {
+                    const bool ok = i0 + i < i1;
+                    h[i] = ok ? hs[i0 + i] : 0.0f;
+                    const T *row = a.pair + static_cast<int64_t>(ok ? units[i0 + i] : 0) * a.pair_stride + down;
+#pragma unroll
+                    for (int v = 0; v < V; ++v) {
+                        const int c = c0 + local + v * span;
+                        wd[i][v] = ok && c < c1 ? __ldg(reinterpret_cast<const uint4 *>(row + static_cast<int64_t>(c) * E))
+                                                : make_uint4(0, 0, 0, 0);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < B; ++i)
+#pragma unroll
+                    for (int v = 0; v < V; ++v)
+#pragma unroll
+                        for (int e = 0; e < E; ++e) acc[v][e] = fmaf(h[i], Chunk<T>::get(wd[i][v], e), acc[v][e]);
+            }
+        }
+        __syncthreads();  // the next window overwrites the list
+    }
+    if (parts == 1) {  // one part holds the sums
+        if (part == 0)
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const int64_t col0 = static_cast<int64_t>(c0 + local + v * span) * E;
+                if (col0 < static_cast<int64_t>(c1) * E)
+#pragma unroll
+                    for (int e = 0; e < E; ++e)
+                        if (col0 + e < a.d) a.y[t * a.y_rs + (col0 + e) * a.y_cs] = Value<T>::from_float(acc[v][e]);
+            }
+    } else {  // the parts' sums in part order (more than one part: span <= NT / 2, so V = 1)
+        if (part < parts)
+#pragma unroll
+            for (int e = 0; e < E; ++e) red[(part * span + local) * E + e] = acc[0][e];
+        __syncthreads();
+        for (int q = tid; q < span * E; q += NT) {
+            const int64_t col = static_cast<int64_t>(c0) * E + q;
+            float sum = 0.0f;
+            for (int p = 0; p < parts; ++p) sum += red[p * span * E + q];
+            if (col < static_cast<int64_t>(c1) * E && col < a.d) a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(sum);
+        }
+    }
+    if (!counts_row) return;
+    // the token's counts (serve_row_code) and l1, then the grid's last token the statistics
+    const int per_tile = a.tile / 32;
+    int over = 0;
+    for (int64_t tile = tid; tile * per_tile < a.words; tile += NT) {
+        int cnt = 0;
+        for (int64_t w = tile * per_tile; w < min(a.words, (tile + 1) * per_tile); ++w) cnt += __popc(words[w]);
+        over |= cnt > a.slots;
     }
     over = __syncthreads_or(over);
     const float row_l1 = block_reduce(l1, [](float x, float y) { return x + y; }, l1_scratch);
