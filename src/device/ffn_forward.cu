@@ -230,7 +230,10 @@ void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, 
                    s.cap, s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
                    dense_mode && p.gated ? static_cast<const T *>(dense->up) : nullptr, dense_mode, s.row_l1,
                    dense_mode ? static_cast<T *>(dense->h) : nullptr};
-    pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
+    if (dense_mode)  // a block per row
+        pack_rows<T><<<static_cast<unsigned>(p.m), 32 * kPackDenseWarps, 0, stream>>>(pk);
+    else
+        pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
     check_launch("pack_rows");
 }
 

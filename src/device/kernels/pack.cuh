@@ -43,9 +43,17 @@ struct PackArgs {
     T *h_out;         // dense mode: where h goes (ldg apart), NULL: over the gate values
 };
 
+/// Dense mode splits a row's steps over the warps of a block (no unit list, so no order between
+/// them to keep): one warp per row, 22 dependent steps at H = 5632, took 28 us at M = 64 (ncu,
+/// bench/NOTES.md) against 3 for the dense FFN's element-wise pass.
+constexpr int kPackDenseWarps = 8;
+
 template <class T>
-__global__ void __launch_bounds__(128) pack_rows(PackArgs<T> a) {
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+__global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
+    // warps per row: kPackDenseWarps in dense mode (a block per row), else 1 (four rows a block)
+    const int per_row = a.dense_mode ? kPackDenseWarps : 1, warp = threadIdx.x / 32;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32 / per_row) + warp / per_row;
+    const int part = warp % per_row;
     if (row >= a.m) return;
     const int lane = threadIdx.x & 31;
     const int lanes_per_tile = a.tile / 8;
@@ -56,12 +64,14 @@ __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> a) {
     float l1 = 0.0f;
     // kPackAhead steps' loads in flight before the first is used: a warp's steps are otherwise a
     // chain of dependent round trips (22 at H = 5632; ncu: 16 us at any M up to 512)
-    for (int64_t g0 = 0; g0 < a.h; g0 += 256 * kPackAhead) {
+    // (this warp's steps: part, part + per_row, ...)
+    const int64_t stride = int64_t{256} * per_row;
+    for (int64_t g0 = static_cast<int64_t>(part) * 256; g0 < a.h; g0 += stride * kPackAhead) {
         float vs[kPackAhead][8];
         uint4 us[kPackAhead];
 #pragma unroll
         for (int s = 0; s < kPackAhead; ++s) {
-            const int64_t cl = g0 + s * 256 + lane * 8;
+            const int64_t cl = g0 + s * stride + lane * 8;
             us[s] = make_uint4(0, 0, 0, 0);
             for (int i = 0; i < 8; ++i) vs[s][i] = 0.0f;
             if (cl < a.ldg) {  // ldg is a multiple of 8: whole 16-byte chunks
@@ -81,7 +91,7 @@ __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> a) {
         }
 #pragma unroll
         for (int s = 0; s < kPackAhead; ++s) {
-            const int64_t c0 = g0 + s * 256;
+            const int64_t c0 = g0 + s * stride;
             if (c0 >= a.h) break;  // the same for the whole warp
             const int64_t cl = c0 + lane * 8;
             const float *v = vs[s];
@@ -122,12 +132,19 @@ __global__ void __launch_bounds__(128) pack_rows(PackArgs<T> a) {
             total += __shfl_sync(kFullMask, incl, 31);
         }
     }
-    if (a.dense_mode) {
+    if (a.dense_mode) {  // the row's warps' sums in warp order
+        __shared__ float l1s[kPackDenseWarps];
+        __shared__ int totals[kPackDenseWarps], overs[kPackDenseWarps];
         for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, o);
-        if (lane == 0) {
-            a.row_nnz[row] = total;
-            a.count[row] = overflow ? -1 : total;
-            a.row_l1[row] = l1;
+        if (lane == 0) l1s[part] = l1, totals[part] = total, overs[part] = overflow;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float row_l1 = 0.0f;
+            int row_total = 0, row_over = 0;
+            for (int w = 0; w < per_row; ++w) row_l1 += l1s[w], row_total += totals[w], row_over |= overs[w];
+            a.row_nnz[row] = row_total;
+            a.count[row] = row_over ? -1 : row_total;
+            a.row_l1[row] = row_l1;
         }
         return;
     }
