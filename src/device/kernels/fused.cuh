@@ -6,6 +6,7 @@
 #include "common/async_copy.cuh"
 #include "common/values.cuh"
 #include "common/warp.cuh"
+#include "heuristics.hpp"
 
 namespace twblas::cuda {
 
@@ -39,7 +40,10 @@ template <class T> __host__ __device__ size_t sparse_stage_bytes(int64_t dp, boo
     return static_cast<size_t>((gated ? 2 : 1) * dp) * sizeof(T) + static_cast<size_t>(threads) * 4;
 }
 
-template <class T, int V> __global__ void __launch_bounds__(128) sparse_ffn(FusedArgs<T> a) {
+// a team of up to kFusedMaxTeamWarps warps (D past 4096 at 16 bits, 2048 at 32; the bound was 128
+// threads, which made the launch fail past those D)
+template <class T, int V>
+__global__ void __launch_bounds__(32 * heuristics::kFusedMaxTeamWarps) sparse_ffn(FusedArgs<T> a) {
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 dyn_smem[];
     __shared__ float partial[2][32];
