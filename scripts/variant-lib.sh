@@ -4,7 +4,7 @@
 # H100), linked with every other object of an existing build. Minutes instead of a second full
 # build; the variant's folder holds only src/libtwblas.so*.
 #   scripts/variant-lib.sh BUILD_DIR OUT_DIR "DEFINES" SOURCE...
-#   e.g. scripts/variant-lib.sh build build-var-a "-DTWBLAS_SERVE_UP_PREFETCH=0" device/ffn_forward.cu
+#   e.g. scripts/variant-lib.sh build build-var-a "-DTWBLAS_SERVE_GATE_CHUNKS=4" device/ffn_forward.cu
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "$1" && pwd) out=$2 defines=$3

@@ -81,8 +81,8 @@ TEST_CASE("forward: odd shapes and layouts", "[ffn][forward]" TWTEST_BACKEND_TAG
 
 TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile", "[ffn][forward][serving]" TWTEST_BACKEND_TAG) {
     // The CUDA backend's serving path (kernels/serve.cuh): its own gate and serve_down up to 16
-    // tokens (x rows of 8 and 16 tokens), cuBLAS's gate with serve_up and serve_down_list up to
-    // 128, cuBLAS's gate and serve_sparse up to 256; past that the cuBLAS-gate paths. D = 203 (x
+    // tokens (x rows of 8 and 16 tokens), cuBLAS's gate with serve_token up to 256 (4, 2 and 1
+    // column splits; one with a hidden output); past that the cuBLAS-gate paths. D = 203 (x
     // rows padded to 208, so they start on 16 bytes but end in a partial chunk), H = 1001 (a
     // partial last mask word and TwELL tile).
     uint64_t seed = 900;
@@ -113,8 +113,20 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
             c.seed = ++seed;
             check_forward_case(c);
         }
-    // heavy rows of ~1360 active units (of 3000): serve_down_list lists a token's units 1024 at a
-    // time, so these go in two windows (M = 40), and through serve_sparse at M = 200
+    // D past 4096: serve_token needs two column splits for its 513 chunks (M = 100), or, with a
+    // hidden output (one split), two chunks a thread (M = 20)
+    for (int64_t m : {20, 100}) {
+        FfnCase c;
+        c.m = m;
+        c.d = 4100;
+        c.h = 700;
+        c.k = 29;
+        c.hidden = m == 20 ? 1 : 0;
+        c.seed = ++seed;
+        check_forward_case(c);
+    }
+    // heavy rows of ~1360 active units (of 3000): serve_token lists a token's units 512 at a time,
+    // so these go in three windows (M = 40 and 200)
     for (int64_t m : {40, 200}) {
         FfnCase c;
         c.m = m;

@@ -138,15 +138,6 @@ template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, con
     check_launch("serve_gate");
 }
 
-/// serve_sparse: a team per (token, split), V 16-byte chunks of a row per thread.
-template <class T, int V> void launch_serve_sparse(cudaStream_t stream, const ServeArgs<T> &a, bool pdl) {
-    constexpr int E = Chunk<T>::n;
-    launch_dependent(serve_sparse<T, V>, dim3(static_cast<unsigned>(a.m), static_cast<unsigned>(a.splits)),
-                     dim3(static_cast<unsigned>(32 * ceil_div(a.dp, int64_t{32} * V * E))),  // <= 512 (dp <= 8192)
-                     static_cast<size_t>(a.words / a.splits + 1) * sizeof(uint32_t),      // <= 8 KB (H <= 65536)
-                     stream, pdl, "cudaLaunchKernelEx(serve_sparse)", a);
-}
-
 template <class T>
 void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnWeights &w,
                   const MatrixArg &x, const GemmOperand &xg, const MatrixArg &y, const FfnScratch &s,
@@ -157,27 +148,15 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.wgate = static_cast<const T *>(w.gate), a.pair = static_cast<const T *>(w.pair), a.pair_stride = w.pair_stride;
     a.gated = p.gated, a.write_h = write_h;
     a.gate = static_cast<T *>(s.gate), a.ldg = s.ldg;
-    a.masks = s.unit_masks, a.words = s.unit_words, a.tickets = s.serve_tickets;
+    a.masks = s.unit_masks, a.words = s.unit_words, a.ticket = s.serve_ticket;
     a.neuron_counts = neuron_counts;
     a.y = static_cast<T *>(y.ptr), a.y_rs = y.rs, a.y_cs = y.cs, a.y_vec = rows_vectorizable(y, p.d);
-    a.partial = s.partial, a.splits = heuristics::serve_splits(p.m);
     a.tile = p.tile, a.slots = p.slots, a.row_limit = s.row_limit;
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
-    if (p.m > heuristics::kServeUpMaxTokens) {
-        // cuBLAS's gate GEMM (z rounded to T), the tickets zeroed before it; serve_sparse forms
-        // the masks from the gate
-        check(cudaMemsetAsync(a.tickets, 0, static_cast<size_t>(p.m + 1) * sizeof(uint32_t), stream), "cudaMemsetAsync");
-        run_gate_gemm(stream, st, p, xg, s);
-        if (p.dp <= 4096)
-            launch_serve_sparse<T, 1>(stream, a, st.pdl);
-        else
-            launch_serve_sparse<T, 2>(stream, a, st.pdl);
-        return;
-    }
-    if (p.m > heuristics::kServeGateMaxTokens && heuristics::kServeToken) {
+    if (p.m > heuristics::kServeGateMaxTokens) {
         // serve_finish_row's ticket zeroed, cuBLAS's gate GEMM (z rounded to T), then serve_token
-        check(cudaMemsetAsync(a.tickets + p.m, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
+        check(cudaMemsetAsync(a.ticket, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
         run_gate_gemm(stream, st, p, xg, s);
         const int splits = heuristics::serve_token_splits(p.m, p.dp, write_h);
         const int64_t per_split = ceil_div(p.dp / Chunk<T>::n, int64_t{splits});  // <= 2 x 512 (dp <= 8192)
@@ -186,20 +165,6 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
             launch_dependent(serve_token<T, 1>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
         else
             launch_dependent(serve_token<T, 2>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
-        return;
-    }
-    if (p.m > heuristics::kServeGateMaxTokens) {
-        // cuBLAS's gate GEMM (z rounded to T), then serve_up: the masks, counts and h of the
-        // active pairs over it
-        run_gate_gemm(stream, st, p, xg, s);
-        launch_dependent(serve_up<T>, dim3(static_cast<unsigned>(4 * a.words)), dim3(32 * kServeGateWarps), 0, stream,
-                         st.pdl, "cudaLaunchKernelEx(serve_up)", a);
-        // serve_down_list: a block per (kServeListSlices slices of 256 columns, token)
-        const int64_t slices = ceil_div(a.dp, int64_t{kServeDownCols});
-        launch_dependent(serve_down_list<T>,
-                         dim3(static_cast<unsigned>(ceil_div(slices, int64_t{kServeListSlices})), static_cast<unsigned>(a.m)),
-                         dim3(32 * kServeListSlices * kServeListParts), 0, stream, st.pdl,
-                         "cudaLaunchKernelEx(serve_down_list)", a);
         return;
     }
     // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows

@@ -53,7 +53,7 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
         s.unit_words = (p.h + 31) / 32;
         s.unit_masks = c.take<uint32_t>(static_cast<size_t>(p.m * s.unit_words));
     }
-    if (heuristics::serve_applies(p)) s.serve_tickets = c.take<uint32_t>(static_cast<size_t>(p.m + 1));
+    if (heuristics::serve_applies(p)) s.serve_ticket = c.take<uint32_t>(1);
     s.splits = heuristics::fused_splits(p.m);
     s.partial = s.splits > 1 ? c.take<float>(static_cast<size_t>(s.splits * p.m * (p.dp + 1))) : nullptr;
     if (bytes) *bytes = c.used();

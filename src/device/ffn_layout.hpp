@@ -127,7 +127,7 @@ struct FfnScratch {
     float *dec_partial;     // decode: per block and token a partial y row, then per block l1
     uint32_t *unit_masks;  // M x unit_words active-unit words (bit b of word w: unit 32 w + b), written by
     int64_t unit_words;    // the serving gate or the masked gate GEMM (16-bit DEFAULT mode only)
-    uint32_t *serve_tickets;  // serving: M + 1 tickets (per token for serve_sparse, then the grid)
+    uint32_t *serve_ticket;  // serving: the last-block ticket of the statistics
 };
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
 

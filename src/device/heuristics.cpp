@@ -18,11 +18,6 @@ bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidde
     return static_cast<double>(tokens) * mean_active <= static_cast<double>(hidden_dim);
 }
 
-int serve_splits(int64_t tokens) {
-    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({16, 256 / std::max<int64_t>(1, tokens),
-                                                                    fused_splits(tokens)})));
-}
-
 int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h) {
     if (writes_h) return 1;
     const int64_t chunks = (dp + 7) / 8, at_least = (chunks + 511) / 512;

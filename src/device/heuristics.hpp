@@ -23,51 +23,28 @@ namespace heuristics {
 constexpr int64_t kDecodeMaxTokens = 4;
 bool decode_applies(const FfnProblem &p);
 
-/// Serving (1 to this many tokens, 16-bit, DEFAULT precision): the active-unit masks formed on
-/// the device, then one gather kernel whose teams read each active unit's Wu and Wd rows once per
-/// token (kernels/serve.cuh). Measured on an H100, uniform-29, graph replay, against the previous
-/// build (serving path up to 32 tokens, cuBLAS-gate paths beyond) in the same run: paper's shape
-/// M = 64 / 128 / 256 36.8 / 45.4 / 56.7 us against 52.8 / 62.3 / 69.5; Llama's shape M = 64 /
-/// 256 85.1 / 139 against 114 / 164; but at M = 512 the per-token teams, which read a unit's rows
-/// once per token using it, took 97.3 us against 78.1 (paper's shape) and 295 against 228. Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0 turns the path off)
-/// to time it against the cuBLAS-gate paths at the same M (bench/NOTES.md, "serving path").
+/// Serving (1 to this many tokens, 16-bit, DEFAULT precision): the active units found on the
+/// device, then gathers that read each active unit's Wu and Wd rows once per token
+/// (kernels/serve.cuh). Past it the two-pass path (masked gate GEMM from kMaskedGateMinTokens).
+/// Measured on an H100, uniform-29, graph replay: with serve_token, M = 256 took 51.8 us against
+/// 55.0 for the team kernel it replaced (Llama's shape 121.2 against 134.1), whose M = 512 had
+/// taken 97.3 against 78.1 for the two-pass path. Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0
+/// turns the path off) to time it against the other paths at the same M (bench/NOTES.md).
 #ifdef TWBLAS_SERVE_MAX_TOKENS
 constexpr int64_t kServeMaxTokens = TWBLAS_SERVE_MAX_TOKENS;
 #else
 constexpr int64_t kServeMaxTokens = 256;
 #endif
 /// Up to this many tokens the serving path's gate is its own tensor-core kernel (serve_gate, which
-/// also forms h of the active pairs) followed by serve_down; beyond it cuBLAS's gate GEMM and the
-/// gather kernel serve_sparse. Measured on an H100, uniform-29, graph replay, with this at 32
-/// against a build with 8 (same run, bench/results/h100-serving-v3-crossover-*.json): paper's
-/// shape M = 16 / 32 22.4 / 32.5 us against 30.9 / 32.9; Llama's shape 73.6 / 113.8 against
-/// 74.7 / 78.0 (the 8-unit gate tile re-reads X per block, which two 16-token tiles feel at D = 4096).
+/// also forms h of the active pairs) followed by serve_down; beyond it cuBLAS's gate GEMM and
+/// serve_token. Measured on an H100, uniform-29, graph replay, with this at 32 against a build with
+/// 8 (same run, bench/results/h100-serving-v3-crossover-*.json): paper's shape M = 16 / 32 22.4 /
+/// 32.5 us against 30.9 / 32.9; Llama's shape 73.6 / 113.8 against 74.7 / 78.0 (the 8-unit gate
+/// tile re-reads X per block, which two 16-token tiles feel at D = 4096).
 #ifdef TWBLAS_SERVE_GATE_MAX_TOKENS
 constexpr int64_t kServeGateMaxTokens = TWBLAS_SERVE_GATE_MAX_TOKENS;
 #else
 constexpr int64_t kServeGateMaxTokens = 16;
-#endif
-/// Past kServeGateMaxTokens and up to this many tokens: cuBLAS's gate, serve_up (masks and h of the
-/// active pairs per 8-unit tile, each Wu row read once) and serve_down_list; beyond it cuBLAS's
-/// gate and serve_sparse (a team per token and split reads its units' [Wu_j | Wd_j] rows). Measured
-/// on an H100, paper's shape, uniform-29, graph replay, against the build with serve_sparse from 17
-/// tokens, same call (bench/results/h100-serving-v4*.json): M = 32 / 64 / 128 28.0 / 33.4 / 42.3 us
-/// against 32.6 / 36.9 / 45.5; in an earlier call with this at 256, M = 256 took 63.9 against 56.7
-/// (serve_up alone 31 us there, not understood yet: bench/NOTES.md, "fourth pass"). Overridable
-/// with -DTWBLAS_SERVE_UP_MAX_TOKENS=N to time both at the same M.
-#ifdef TWBLAS_SERVE_UP_MAX_TOKENS
-constexpr int64_t kServeUpMaxTokens = TWBLAS_SERVE_UP_MAX_TOKENS;
-#else
-constexpr int64_t kServeUpMaxTokens = 128;
-#endif
-/// Past kServeGateMaxTokens and up to kServeUpMaxTokens: serve_token, one kernel after cuBLAS's
-/// gate (a block per token and column split: the token's list, its h, its y), in place of serve_up
-/// and serve_down_list. -DTWBLAS_SERVE_TOKEN=0 builds the pair, to time both
-/// (scripts/variant-lib.sh).
-#ifdef TWBLAS_SERVE_TOKEN
-constexpr bool kServeToken = TWBLAS_SERVE_TOKEN;
-#else
-constexpr bool kServeToken = true;
 #endif
 /// serve_token's column splits per token: about 128 blocks in all (one an SM), at most 4, and
 /// enough that a block's share of the columns is at most 512 16-byte chunks; one when the gate
@@ -75,43 +52,6 @@ constexpr bool kServeToken = true;
 /// Depends on the shape alone, so results stay reproducible.
 int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h);
 
-/// serve_up's 16-byte chunks in flight per lane in a dot product: 8 loads a whole row at D = 2048
-/// at once but needs 95 registers (five blocks an SM: the paper's shape's 704 blocks take two
-/// waves); up to 6 fit six blocks an SM (79 registers). 8 is what was measured (above);
-/// -DTWBLAS_SERVE_UP_CHUNKS=6 builds the other to time it (bench/NOTES.md, "fourth pass").
-#ifdef TWBLAS_SERVE_UP_CHUNKS
-constexpr int kServeUpChunks = TWBLAS_SERVE_UP_CHUNKS;
-#else
-constexpr int kServeUpChunks = 8;
-#endif
-/// serve_up prefetches each active unit's Wd row into L2 after its dot product, for
-/// serve_down_list. Without it, M = 32 / 64 / 128 took 29.4 / 34.0 / 43.1 us against 28.7 / 34.5 /
-/// 43.7 (H100, same call: bench/results/h100-serve-list-variants-2026-11-25.txt): kept.
-/// -DTWBLAS_SERVE_UP_PREFETCH=0 builds without it, to time both (scripts/variant-lib.sh).
-#ifdef TWBLAS_SERVE_UP_PREFETCH
-constexpr bool kServeUpPrefetch = TWBLAS_SERVE_UP_PREFETCH;
-#else
-constexpr bool kServeUpPrefetch = true;
-#endif
-/// serve_down_list's geometry: slices of 256 columns a block, warps (parts) splitting each slice's
-/// list, rows in flight a warp. 2 x 4 x 8 and 1 x 8 x 4 measured level with 4 x 4 x 8 at M = 32 /
-/// 64 / 128 (same file): the kernel is bound by its chain of dependent steps, not its geometry.
-/// -DTWBLAS_SERVE_LIST_SLICES / _PARTS / _BATCH build another, to time it.
-#ifdef TWBLAS_SERVE_LIST_SLICES
-constexpr int kServeListSlices = TWBLAS_SERVE_LIST_SLICES;
-#else
-constexpr int kServeListSlices = 4;
-#endif
-#ifdef TWBLAS_SERVE_LIST_PARTS
-constexpr int kServeListParts = TWBLAS_SERVE_LIST_PARTS;
-#else
-constexpr int kServeListParts = 4;
-#endif
-#ifdef TWBLAS_SERVE_LIST_BATCH
-constexpr int kServeListBatch = TWBLAS_SERVE_LIST_BATCH;
-#else
-constexpr int kServeListBatch = 8;
-#endif
 /// serve_gate's 16-byte chunks of the weight row in flight per lane, up to 8 tokens (one x row per
 /// lane); 9 to 16 tokens hold two x rows and take 4. -DTWBLAS_SERVE_GATE_CHUNKS=N builds another
 /// to time it (bench/NOTES.md, "Serving path, fifth pass").
@@ -145,10 +85,6 @@ constexpr int kUnitTokenGroups = TWBLAS_UNIT_TOKEN_GROUPS;
 constexpr int kUnitTokenGroups = 4;
 #endif
 
-/// Teams per token of serve_sparse: about 256 teams in all (two per SM), so that a team holds a
-/// few batches of units (the fused kernel's splits bound it: the partial rows live in the same
-/// scratch). Depends on M alone, so results stay reproducible.
-int serve_splits(int64_t tokens);
 /// After a forward that chose dense mode (below), a call of few tokens still gathers (serving or
 /// decode path) while the unit rows it gathers, tokens x mean active units, are at most H: then
 /// it reads fewer weight bytes than the cuBLAS projections, which read all of Wu and Wd. (The

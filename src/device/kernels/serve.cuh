@@ -1,20 +1,17 @@
-// The serving path (1 to kServeMaxTokens tokens, 16-bit types): two or three launches joined by
-// programmatic dependent launch, so that each one's start hides behind the previous one's end.
-//   serve_gate    up to kServeGateMaxTokens tokens: the gate on tensor cores, streaming Wg once (a
-//                 block per 8 units, its warps splitting K); its epilogue writes g of the active
-//                 units (0 elsewhere) and one byte per token of the active-unit words, then
-//                 h = g (x_t . Wu_j) over g for the active pairs, each Wu row read once;
+// The serving path (1 to kServeMaxTokens tokens, 16-bit types): two launches joined by
+// programmatic dependent launch, so that the second one's start hides behind the first one's end.
+// Up to kServeGateMaxTokens tokens:
+//   serve_gate    the gate on tensor cores, streaming Wg once (a block per 8 units, its warps
+//                 splitting K); its epilogue writes g of the active units (0 elsewhere) and one
+//                 byte per token of the active-unit words, then h = g (x_t . Wu_j) over g for the
+//                 active pairs, each Wu row read once;
 //   serve_down    y by slices of 256 columns: a block per (slice, token) walks the token's mask
 //                 words and adds h_tj Wd_j over its active units; its slice-0 blocks also count the
 //                 rows and the last of them finishes the statistics.
-// Up to kServeUpMaxTokens tokens: cuBLAS's gate GEMM, then
-//   serve_up        the same epilogue and up phase as serve_gate's over the gate;
-//   serve_down_list serve_down with the token's units listed in shared memory first.
 // More tokens: cuBLAS's gate GEMM, then
-//   serve_sparse  a team per (token, split) forms its mask words from the gate, walks the
-//                 split's active units in ascending order, reads their [Wu_j | Wd_j] rows once and
-//                 accumulates y in registers; the last team of a token sums the splits in split
-//                 order, and the last token finishes the statistics.
+//   serve_token   a block per (column split, token) lists the token's active units from its gate
+//                 row, forms their h with a warp per unit and adds h_tj Wd_j over its columns;
+//                 split 0 counts the row and the last token finishes the statistics.
 // Deterministic everywhere: fixed orders, no floating-point atomics. Every row goes through the
 // gathers, however many units it has, so no row takes a dense path here (rows too dense for
 // gathers to pay are what dense mode, chosen from the statistics, is for).
@@ -43,13 +40,11 @@ template <class T> struct ServeArgs {
     int64_t ldg;
     uint32_t *masks;  // M x words: bit b of word w of token t: unit 32 w + b is active
     int64_t words;
-    uint32_t *tickets;  // serve_sparse's M per-token tickets, then the grid's last-block ticket
+    uint32_t *ticket;  // the grid's last-block ticket (serve_finish_row), zeroed before the grid
     unsigned long long *neuron_counts;
     T *y;
     int64_t y_rs, y_cs;
     bool y_vec;
-    int splits;      // serve_sparse: teams per token
-    float *partial;  // serve_sparse: splits x M x dp partial rows, then splits x M l1 (splits > 1)
     int tile, slots, row_limit;
     int32_t *count, *row_nnz;
     float *row_l1;
@@ -214,7 +209,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     allow_dependent_launch();
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
     const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
-    if (blockIdx.x == 0 && threadIdx.x == 0) a.tickets[a.m] = 0;  // serve_down waits for this grid before using it
+    if (blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;  // serve_down waits for this grid before using it
     if (threadIdx.x < kServeGateUnits) unit_tokens[threadIdx.x] = 0;
 
     const bool wok = unit0 + g < a.h;
@@ -265,75 +260,6 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     }
 }
 
-// ---- serve_up: past serve_gate's tokens, the same epilogue and up phase over cuBLAS's gate. A
-// block per 8 units (H / 8 blocks; at 95 registers five fit an SM, so the paper's shape's 704 run
-// in two waves, a likely part of its time: bench/NOTES.md) reads its units' gate values of every token
-// (16 bytes a token), writes the tile's byte of each token's active-unit word and the neuron
-// counts, then h = g (x_t . Wu_j) for the tile's active pairs, dealt to its warps in (unit, token)
-// order, each dot product with its whole row's loads in flight (up to D = 2048). A tensor-core
-// version (serve_gate's tile product over the tile's tokens) took longer at M = 64, 15.2 us against
-// 12.9 for per-pair dots that loaded a row in two rounds: its warps ran every K step whatever the
-// share of the tile's units and tokens in use (ncu, bench/NOTES.md).
-constexpr int64_t kServeUpTokens = heuristics::kServeUpMaxTokens < heuristics::kServeMaxTokens ? heuristics::kServeUpMaxTokens
-                                                                                                : heuristics::kServeMaxTokens;
-constexpr int kServeTokenWords = kServeUpTokens > 32 ? static_cast<int>((kServeUpTokens + 31) / 32) : 1;
-
-template <class T>
-__global__ void __launch_bounds__(32 * kServeGateWarps, heuristics::kServeUpChunks > 6 ? 5 : 6) serve_up(ServeArgs<T> a) {
-    constexpr int W = kServeGateWarps, E = Chunk<T>::n;
-    static_assert(kServeGateUnits == E, "a token's units of the tile are one 16-byte chunk of its gate row");
-    __shared__ uint32_t unit_tokens[kServeGateUnits][kServeTokenWords];  // bit t % 32 of word t / 32: token t
-    __shared__ T gs[kServeGateUnits][32 * kServeTokenWords];           // g of the active pairs
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
-    const int token_words = (a.m + 31) / 32;
-    // before the wait (the stream finished every earlier kernel before cuBLAS's gate began)
-    if (blockIdx.x == 0 && threadIdx.x == 0) a.tickets[a.m] = 0;  // serve_down_list's
-    for (int i = threadIdx.x; i < kServeGateUnits * kServeTokenWords; i += blockDim.x) (&unit_tokens[0][0])[i] = 0;
-    wait_for_prior_grid();  // cuBLAS's gate
-    // serve_down_list may start its blocks once every block of this grid has started (it waits
-    // for this grid's end before it reads anything of it)
-    allow_dependent_launch();
-    __syncthreads();
-    for (int t = threadIdx.x; t < a.m; t += blockDim.x) {
-        T *chunk = a.gate + t * a.ldg + unit0;
-        // ldg and unit0 are multiples of 8: the chunk is whole below ldg
-        const uint4 v = unit0 < a.ldg ? __ldcg(reinterpret_cast<const uint4 *>(chunk)) : make_uint4(0, 0, 0, 0);
-        const uint32_t bits = chunk_active_bits<T>(v, unit0, a.h);
-        reinterpret_cast<uint8_t *>(a.masks + t * a.words)[blockIdx.x] = static_cast<uint8_t>(bits);
-        if (a.write_h && unit0 < a.ldg && bits != 0xffu) *reinterpret_cast<uint4 *>(chunk) = keep_active(v, bits);
-        for (uint32_t b = bits; b; b &= b - 1) {
-            const int e = __ffs(b) - 1;
-            atomicOr(&unit_tokens[e][t / 32], 1u << (t % 32));
-            gs[e][t] = Value<T>::from_float(Chunk<T>::get(v, e));
-        }
-    }
-    __syncthreads();
-    if (a.neuron_counts && threadIdx.x < kServeGateUnits) {
-        unsigned fired = 0;
-        for (int tw = 0; tw < token_words; ++tw) fired += __popc(unit_tokens[threadIdx.x][tw]);
-        if (fired) atomicAdd(a.neuron_counts + unit0 + threadIdx.x, static_cast<unsigned long long>(fired));
-    }
-    if (a.gated) {
-        int pair = 0;
-        for (int b = 0; b < kServeGateUnits; ++b) {
-            const int64_t j = unit0 + b;
-            const T *wu = a.pair + j * a.pair_stride;
-            for (int tw = 0; tw < token_words; ++tw)
-                for (uint32_t toks = unit_tokens[b][tw]; toks; toks &= toks - 1, ++pair) {
-                    if (pair % W != warp) continue;
-                    const int t = tw * 32 + __ffs(toks) - 1;
-                    const float dot = serve_row_dot<T, heuristics::kServeUpChunks>(wu, a.x + t * a.x_rs, a.d, a.dp, lane);
-                    // serve_down_list reads Wd_j next, from other SMs: bring it to L2 now
-                    if (heuristics::kServeUpPrefetch)
-                        for (int64_t k = lane * 64; k < a.dp; k += 32 * 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wu + a.dp + k));
-                    if (lane == 0)
-                        a.gate[t * a.ldg + j] = Value<T>::from_float(round_to<T>(Value<T>::to_float(gs[b][t]) * round_to<T>(dot)));
-                }
-        }
-    }
-}
-
 /// A row's entry in the count array: its active units, -1 when a TwELL tile holds more than
 /// `slots` of them, -2 when it is longer than the dense-path limit (both for the statistics and
 /// the path choice only: the row was computed exactly either way).
@@ -341,9 +267,7 @@ __device__ inline int32_t serve_row_code(int32_t nnz, bool tile_over, int32_t ro
     return tile_over ? -1 : nnz > row_limit ? -2 : nnz;
 }
 
-// ---- serve_sparse: a team of W warps per (token, split); V 16-byte chunks of a row per thread
-
-/// Mask word w of token t from a cuBLAS gate row (more tokens than serve_gate takes): bit b set
+/// Mask word w of token t from a cuBLAS gate row (past serve_gate's tokens): bit b set
 /// when unit 32 w + b is active. With `record` it counts each active unit, and zeroes the inactive
 /// ones when the gate buffer becomes the hidden output (serve_gate's epilogue does both on its path).
 template <class T>
@@ -370,235 +294,7 @@ __device__ inline uint32_t serve_mask_from_gate(const ServeArgs<T> &a, int64_t t
     return bits;
 }
 
-/// A token's statistics from its mask words, by the block: its active units and count entry
-/// (serve_row_code).
-template <class T> __device__ inline void serve_row_counts(const ServeArgs<T> &a, int64_t t, int32_t *shared_totals) {
-    // a thread per mask word (a round of independent loads), tiles summed across lanes: a tile
-    // of 64, 128 or 256 units is 2, 4 or 8 consecutive words, so lanes of one tile are in one warp
-    const uint32_t *mw = a.masks + t * a.words;
-    const int per_tile = a.tile / 32;
-    int total = 0, over = 0;
-    for (int64_t w0 = 0; w0 < a.words; w0 += blockDim.x) {  // uniform trip count: shuffles are safe
-        const int64_t w = w0 + threadIdx.x;
-        int n = w < a.words ? __popc(__ldcg(mw + w)) : 0;
-        total += n;
-        for (int o = 1; o < per_tile; o <<= 1) n += __shfl_xor_sync(kFullMask, n, o);
-        over |= n > a.slots;
-    }
-    total = __reduce_add_sync(kFullMask, total);
-    over = __reduce_or_sync(kFullMask, over);
-    if ((threadIdx.x & 31) == 0) shared_totals[threadIdx.x / 32] = total | (over << 30);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int sum = 0, any_over = 0;
-        for (unsigned w = 0; w < blockDim.x / 32; ++w) sum += shared_totals[w] & ~(1 << 30), any_over |= shared_totals[w] >> 30;
-        a.row_nnz[t] = sum;
-        a.count[t] = serve_row_code(sum, any_over, a.row_limit);
-    }
-}
-
-/// Units a serve_sparse team takes at once (at one 16-byte chunk per thread; half as many at two):
-/// their rows are all in flight before the first is used, and the next batch's while it is used.
-constexpr int kServeBatch = 4;
-
-// A team covers a row with V 16-byte chunks per thread (V = 1 up to D = 4096 with 512 threads).
-template <class T, int V> __global__ void __launch_bounds__(512) serve_sparse(ServeArgs<T> a) {
-    constexpr int E = Chunk<T>::n, B = kServeBatch / V;  // two batches' rows in registers
-    extern __shared__ uint32_t split_masks[];  // this split's mask words
-    __shared__ float dots[2][B][16];
-    __shared__ int32_t totals[16];
-    __shared__ bool last;
-    const int threads = blockDim.x, warps = threads / 32;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
-    const int64_t t = blockIdx.x;
-    const int split = blockIdx.y, splits = a.splits;
-    uint4 last_record = make_uint4(0, 0, 0, 0);
-    if (tid == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
-    auto k_of = [&](int c) { return (static_cast<int64_t>(c) * threads + tid) * E; };
-
-    // x_t in registers (x does not come from serve_gate: read it before the wait)
-    uint4 xc[V];
-#pragma unroll
-    for (int c = 0; c < V; ++c) xc[c] = k_of(c) < a.dp ? serve_x_chunk(a.x + t * a.x_rs, k_of(c), a.d) : make_uint4(0, 0, 0, 0);
-    wait_for_prior_grid();  // the gate (and the zeroed tickets)
-    const int64_t w0 = a.words * split / splits, w1 = a.words * (split + 1) / splits;
-    for (int64_t w = w0 + tid; w < w1; w += threads) {
-        const uint32_t bits = serve_mask_from_gate(a, t, w);
-        split_masks[w - w0] = bits;
-        a.masks[t * a.words + w] = bits;  // for the token's counts (serve_row_counts)
-    }
-    __syncthreads();
-
-    float acc[V][E];
-#pragma unroll
-    for (int c = 0; c < V; ++c)
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[c][e] = 0.0f;
-    float l1 = 0.0f;
-    int parity = 0;
-    const int64_t down = a.gated ? a.dp : 0;
-
-    // the split's active units in ascending order (every thread walks the same words; a warp
-    // looks at 32 words at a time for the next nonzero one, so empty words cost no chain of loads)
-    int64_t w = w0;
-    uint32_t bits = w < w1 ? split_masks[0] : 0u;
-    auto next_unit = [&]() -> int64_t {
-        while (bits == 0) {
-            if (++w >= w1) return -1;
-            const uint32_t mine = w + lane < w1 ? split_masks[w + lane - w0] : 0u;
-            const unsigned nonzero = __ballot_sync(kFullMask, mine != 0);
-            if (nonzero == 0) {
-                w += 31;  // none of these 32: the loop's ++w moves past them
-                continue;
-            }
-            const int first = __ffs(nonzero) - 1;
-            w += first;
-            bits = __shfl_sync(kFullMask, mine, first);
-        }
-        const int b = __ffs(bits) - 1;
-        bits &= bits - 1;
-        return w * 32 + b;
-    };
-    // a batch: B units, their rows and g
-    struct Batch {
-        int64_t j[B];
-        uint4 wu[B][V], wd[B][V];
-        float g[B];
-    };
-    auto fetch = [&](Batch &n) {
-#pragma unroll
-        for (int b = 0; b < B; ++b) n.j[b] = next_unit();
-#pragma unroll
-        for (int b = 0; b < B; ++b) {  // every load of the batch in flight at once
-            const T *row = a.pair + (n.j[b] < 0 ? 0 : n.j[b]) * a.pair_stride;
-#pragma unroll
-            for (int c = 0; c < V; ++c) {
-                const bool ok = n.j[b] >= 0 && k_of(c) < a.dp;
-                n.wu[b][c] = ok && a.gated ? __ldg(reinterpret_cast<const uint4 *>(row + k_of(c))) : make_uint4(0, 0, 0, 0);
-                n.wd[b][c] = ok ? __ldg(reinterpret_cast<const uint4 *>(row + down + k_of(c))) : make_uint4(0, 0, 0, 0);
-            }
-            n.g[b] = n.j[b] >= 0 ? Value<T>::to_float(a.gate[t * a.ldg + n.j[b]]) : 0.0f;
-        }
-    };
-    Batch cur;
-    fetch(cur);
-    while (cur.j[0] >= 0) {
-        Batch next;
-        fetch(next);  // the next batch's loads in flight while this one is used
-        float h[B];
-        if (a.gated) {
-            // the batch's dot products x_t . Wu_j: per thread, per warp (butterfly), then the
-            // warps in order, one barrier for the batch
-#pragma unroll
-            for (int b = 0; b < B; ++b) {
-                float part = 0.0f;
-#pragma unroll
-                for (int c = 0; c < V; ++c)
-#pragma unroll
-                    for (int e = 0; e < E; ++e) part = fmaf(Chunk<T>::get(xc[c], e), Chunk<T>::get(cur.wu[b][c], e), part);
-                part = warp_sum(part);
-                if (lane == 0) dots[parity][b][warp] = part;
-            }
-            __syncthreads();
-#pragma unroll
-            for (int b = 0; b < B; ++b) {
-                float dot = 0.0f;
-                for (int ww = 0; ww < warps; ++ww) dot += dots[parity][b][ww];
-                h[b] = round_to<T>(cur.g[b] * round_to<T>(dot));
-            }
-            parity ^= 1;
-        } else {
-#pragma unroll
-            for (int b = 0; b < B; ++b) h[b] = cur.g[b];
-        }
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-            if (cur.j[b] < 0) continue;
-            l1 += fabsf(h[b]);
-            if (a.write_h && tid == 0) a.gate[t * a.ldg + cur.j[b]] = Value<T>::from_float(h[b]);
-#pragma unroll
-            for (int c = 0; c < V; ++c)
-#pragma unroll
-                for (int e = 0; e < E; ++e) acc[c][e] = fmaf(h[b], Chunk<T>::get(cur.wd[b][c], e), acc[c][e]);
-        }
-        cur = next;
-    }
-
-    // one split: y directly; several: partial rows, and the token's last team sums them in order
-    auto store_y = [&](int64_t k0, const float *v) {
-        if (a.y_vec) {
-            T out[E];
-#pragma unroll
-            for (int e = 0; e < E; ++e) out[e] = Value<T>::from_float(v[e]);
-            *reinterpret_cast<uint4 *>(a.y + t * a.y_rs + k0) = *reinterpret_cast<const uint4 *>(out);
-        } else {
-            for (int e = 0; e < E; ++e)
-                if (k0 + e < a.d) a.y[t * a.y_rs + (k0 + e) * a.y_cs] = Value<T>::from_float(v[e]);
-        }
-    };
-    float *l1_parts = a.partial + static_cast<int64_t>(splits) * a.m * a.dp;
-    if (splits == 1) {
-#pragma unroll
-        for (int c = 0; c < V; ++c)
-            if (k_of(c) < a.dp) store_y(k_of(c), acc[c]);
-    } else {
-#pragma unroll
-        for (int c = 0; c < V; ++c) {
-            if (k_of(c) >= a.dp) continue;
-            float *part = a.partial + (static_cast<int64_t>(split) * a.m + t) * a.dp + k_of(c);
-#pragma unroll
-            for (int e = 0; e < E; e += 4)
-                __stcg(reinterpret_cast<float4 *>(part + e), make_float4(acc[c][e], acc[c][e + 1], acc[c][e + 2], acc[c][e + 3]));
-        }
-        if (tid == 0) __stcg(l1_parts + static_cast<int64_t>(split) * a.m + t, l1);
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(a.tickets + t, 1u) == static_cast<unsigned>(splits - 1);
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        // the splits' rows in split order, eight splits' loads in flight at a time
-#pragma unroll
-        for (int c = 0; c < V; ++c) {
-            if (k_of(c) >= a.dp) continue;
-            float v[E];
-#pragma unroll
-            for (int e = 0; e < E; ++e) v[e] = 0.0f;
-            for (int s0 = 0; s0 < splits; s0 += 8) {
-                float4 f[8][E / 4];
-#pragma unroll
-                for (int s = 0; s < 8; ++s)
-#pragma unroll
-                    for (int e = 0; e < E / 4; ++e)
-                        f[s][e] = s0 + s < splits ? __ldcg(reinterpret_cast<const float4 *>(
-                                                        a.partial + (static_cast<int64_t>(s0 + s) * a.m + t) * a.dp + k_of(c)) + e)
-                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-                for (int s = 0; s < 8; ++s)
-#pragma unroll
-                    for (int e = 0; e < E / 4; ++e)
-                        v[4 * e] += f[s][e].x, v[4 * e + 1] += f[s][e].y, v[4 * e + 2] += f[s][e].z, v[4 * e + 3] += f[s][e].w;
-            }
-            store_y(k_of(c), v);
-        }
-        if (tid == 0) {
-            l1 = 0.0f;
-            for (int s = 0; s < splits; ++s) l1 += __ldcg(l1_parts + static_cast<int64_t>(s) * a.m + t);
-        }
-    }
-    // the token's counts and l1, then the grid's last token finishes the statistics
-    if (tid == 0) a.row_l1[t] = l1;
-    serve_row_counts(a, t, totals);
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
-}
-
-/// The end of serve_down and serve_down_list, by a token's counting block: thread 0 stores the
+/// The end of serve_down and serve_token, by a token's counting block: thread 0 stores the
 /// row's l1, units and count entry (serve_row_code); the grid's last such block (a ticket:
 /// release, then acquire) reduces and publishes the statistics with one warp. Every thread calls
 /// it; the row's values matter in thread 0 only.
@@ -613,7 +309,7 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
         last = true;
         if (a.m > 1) {  // the other tokens' blocks write theirs
             __threadfence();
-            last = atomicAdd(a.tickets + a.m, 1u) == static_cast<unsigned>(a.m - 1);
+            last = atomicAdd(a.ticket, 1u) == static_cast<unsigned>(a.m - 1);
             if (last) __threadfence();
         }
     }
@@ -623,7 +319,7 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
                                                         last_record);
 }
 
-/// The start of serve_down and serve_down_list: a counting block's thread 0 loads the last
+/// The start of serve_down and serve_token: a counting block's thread 0 loads the last
 /// published statistics record before the wait (its latency hidden; serve_finish_row takes it),
 /// then every thread waits for the previous grid's h, masks and zeroed ticket.
 template <class T> __device__ inline uint4 serve_down_start(const ServeArgs<T> &a, bool counts_row) {
@@ -725,121 +421,11 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
     serve_finish_row<false>(a, t, nnz, over, row_l1, last_record);
 }
 
-// ---- serve_down_list: serve_down for more tokens (after serve_up). serve_down's warps each walk a
-// range of one token's mask words, which a few tokens need to put all their loads in flight; with
-// more tokens that walk costs more than the loads (ncu at M = 64 with 8 such warps per block:
-// ~680 instructions a warp, 12 us). Here a block per (token, 4 slices of 256 columns) first lists
-// the token's active units and their h in shared memory (a thread per run of mask words, ranks by
-// a block scan, so the list ascends), then 4 warps per slice each add h_tj Wd_j over a quarter of
-// the list, 8 units' loads in flight at a time, and the quarters are added in order. (One warp per
-// slice, the whole list each, took 14 us at M = 64: four warps an SM, each waiting on its own
-// instructions.) Rows longer than the list go in windows.
-constexpr int kServeListSlices = heuristics::kServeListSlices, kServeListParts = heuristics::kServeListParts,
-              kServeListCap = 1024, kServeListBatch = heuristics::kServeListBatch;
-
-template <class T>
-__global__ void __launch_bounds__(32 * kServeListSlices * kServeListParts) serve_down_list(ServeArgs<T> a) {
-    constexpr int E = Chunk<T>::n, S = kServeListSlices, P = kServeListParts, W = S * P, B = kServeListBatch;
-    static_assert(kServeDownCols == 32 * E, "a lane holds one chunk of the slice");
-    __shared__ int32_t units[kServeListCap];
-    __shared__ float hs[kServeListCap];
-    __shared__ float red[P][S * kServeDownCols];
-    // 16-byte aligned: the compiler reads it with 16-byte loads, which must not also cover the
-    // end of red (racecheck saw that read race red's last write when a token has no units)
-    __shared__ alignas(16) int warp_total[W];
-    __shared__ float l1_scratch[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, slice = warp % S, part = warp / S;
-    const int64_t t = blockIdx.y, slice0 = static_cast<int64_t>(blockIdx.x) * S * kServeDownCols;
-    const int64_t col0 = slice0 + slice * kServeDownCols + lane * E;
-    const bool counts_row = blockIdx.x == 0;
-    const uint4 last_record = serve_down_start(a, counts_row);  // after serve_up
-    const uint32_t *mw = a.masks + t * a.words;
-    const T *hrow = a.gate + t * a.ldg;
-    const int64_t down = a.gated ? a.dp : 0;
-    // this thread's run of words (runs in thread order, so ranks follow unit order)
-    const int64_t per = (a.words + blockDim.x - 1) / blockDim.x;
-    const int64_t wb = min(a.words, threadIdx.x * per), we = min(a.words, wb + per);
-    int mine = 0;
-    for (int64_t w = wb; w < we; ++w) mine += __popc(__ldcg(mw + w));
-    int incl = mine;  // inclusive scan over the warp, then the warps before it
-    for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(kFullMask, incl, o);
-        if (lane >= o) incl += v;
-    }
-    if (lane == 31) warp_total[warp] = incl;
-    __syncthreads();
-    int total = 0, before = 0;
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-        before += w < warp ? warp_total[w] : 0;
-        total += warp_total[w];
-    }
-    const int first = before + incl - mine;  // this thread's first rank
-    const bool col_ok = col0 < a.dp;
-    float acc[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    float l1 = 0.0f;  // over this thread's units (counts_row)
-    for (int win = 0; win < total; win += kServeListCap) {
-        if (first < win + kServeListCap && first + mine > win) {
-            int r = first;
-            for (int64_t w = wb; w < we && r < win + kServeListCap; ++w)
-                for (uint32_t bits = __ldcg(mw + w); bits; bits &= bits - 1, ++r) {
-                    if (r < win || r >= win + kServeListCap) continue;
-                    const int64_t j = w * 32 + __ffs(bits) - 1;
-                    const float h = Value<T>::to_float(__ldcg(hrow + j));
-                    units[r - win] = static_cast<int32_t>(j);
-                    hs[r - win] = h;
-                    l1 += fabsf(h);
-                }
-        }
-        __syncthreads();
-        const int n = min(kServeListCap, total - win), i1 = n * (part + 1) / P;
-        for (int i0 = n * part / P; i0 < i1; i0 += B) {
-            float h[B];
-            uint4 wd[B];
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                const bool ok = i0 + i < i1;
-                h[i] = ok ? hs[i0 + i] : 0.0f;
-                wd[i] = ok && col_ok ? __ldg(reinterpret_cast<const uint4 *>(a.pair + static_cast<int64_t>(units[i0 + i]) * a.pair_stride + down + col0))
-                                     : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int i = 0; i < B; ++i)
-#pragma unroll
-                for (int e = 0; e < E; ++e) acc[e] = fmaf(h[i], Chunk<T>::get(wd[i], e), acc[e]);
-        }
-        __syncthreads();  // the next window overwrites the list
-    }
-    // the parts' sums in part order
-#pragma unroll
-    for (int e = 0; e < E; ++e) red[part][slice * kServeDownCols + lane * E + e] = acc[e];
-    __syncthreads();
-    for (int c = threadIdx.x; c < S * kServeDownCols; c += blockDim.x) {
-        const int64_t col = slice0 + c;
-        float v = 0.0f;
-#pragma unroll
-        for (int q = 0; q < P; ++q) v += red[q][c];
-        if (col < a.d) a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(v);
-    }
-    if (!counts_row) return;
-    // the token's counts (serve_row_code) and l1, then the grid's last token the statistics
-    const int per_tile = a.tile / 32;
-    int over = 0;
-    for (int64_t tile = threadIdx.x; tile * per_tile < a.words; tile += blockDim.x) {
-        int n = 0;
-        for (int64_t w = tile * per_tile; w < min(a.words, (tile + 1) * per_tile); ++w) n += __popc(__ldcg(mw + w));
-        over |= n > a.slots;
-    }
-    over = __syncthreads_or(over);
-    const float row_l1 = block_reduce(l1, [](float x, float y) { return x + y; }, l1_scratch);
-    serve_finish_row<true>(a, t, total, over, row_l1, last_record);
-}
-
-// ---- serve_token: past serve_gate's tokens, one kernel after cuBLAS's gate in place of serve_up
-// and serve_down_list, whose two grids were each a chain of dependent round trips with the SMs
-// active half the time (ncu at M = 64, bench/NOTES.md). A block per (column split, token):
+// ---- serve_token: past serve_gate's tokens, one kernel after cuBLAS's gate. It replaced two
+// kernels (masks and h by 8-unit tiles, then y from per-token lists; 17 to 128 tokens) whose
+// grids were each a chain of dependent round trips with the SMs active half the time (ncu at
+// M = 64), and a team-per-(token, split) kernel with split sums (129 to 256 tokens): 8 to 15 %
+// faster than either on an H100 (bench/NOTES.md). A block per (column split, token):
 //   1. x_t into shared memory (before the wait: x is not the gate's);
 //   2. the token's mask words from its gate row, a thread per run of words, and the list of its
 //      active units with g by a block scan (ranks in unit order, so the list ascends);
