@@ -46,6 +46,18 @@ constexpr int64_t kServeGateMaxTokens = TWBLAS_SERVE_GATE_MAX_TOKENS;
 #else
 constexpr int64_t kServeGateMaxTokens = 16;
 #endif
+/// serve_token's warps per block: 16 (one 512-thread block an SM at 116 registers and 45 KB of
+/// shared memory). -DTWBLAS_SERVE_TOKEN_WARPS=8 builds 256-thread blocks (two an SM) with twice
+/// the splits (scripts/variant-lib.sh with device/heuristics.cpp). Measured on an H200 against 16,
+/// same call (bench/results/h200-serve-token-warps8-2026-11-25d.txt): paper's shape M = 32 / 64 /
+/// 128 / 256 27.5 / 29.5 / 32.4 / 40.8 us against 24.8 / 27.7 / 31.7 / 48.4; Llama's M = 64 62.2
+/// against 57.6. 8 wins at 256 tokens, where 256 blocks of 16 warps take two waves and of 8 one;
+/// choosing it past 128 tokens needs its instance beside the other (next step, bench/NOTES.md).
+#ifdef TWBLAS_SERVE_TOKEN_WARPS
+constexpr int kServeTokenWarps = TWBLAS_SERVE_TOKEN_WARPS;
+#else
+constexpr int kServeTokenWarps = 16;
+#endif
 /// serve_token's column splits per token: about 128 blocks in all (one an SM), at most 4, and
 /// enough that a block's share of the columns is at most 512 16-byte chunks; one when the gate
 /// buffer becomes the hidden output (split 0 writes h there, where the other splits read g).

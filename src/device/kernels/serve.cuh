@@ -438,7 +438,7 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
 // output; the launch then uses one split, as split 0 would write h where the others read g) and
 // the token's statistics, and the grid's last token block the step's. Rows longer than the list
 // go in windows. A fixed order everywhere, so the bits are deterministic.
-constexpr int kServeTokenWarps = 16, kServeTokenCap = 512, kServeTokenBatch = 8;
+constexpr int kServeTokenWarps = heuristics::kServeTokenWarps, kServeTokenCap = 512, kServeTokenBatch = 8;
 constexpr int kServeTokenThreads = 32 * kServeTokenWarps;
 
 template <class T, int V> __global__ void __launch_bounds__(kServeTokenThreads) serve_token(ServeArgs<T> a) {
