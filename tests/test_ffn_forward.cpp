@@ -101,9 +101,10 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
                 c.seed = ++seed;
                 check_forward_case(c);
             }
-    // the team shapes of the model dimensions users run: 1, 2 and 4 warps per token
+    // the team shapes of the model dimensions users run: 1, 2 and 4 warps per token; past 128
+    // tokens serve_token's blocks cover whole rows (one split), in one or two waves
     for (int64_t d : {256, 2048, 4096})
-        for (int64_t m : {1, 13, 29, 64}) {
+        for (int64_t m : {1, 13, 29, 64, 160, 256}) {
             FfnCase c;
             c.m = m;
             c.d = d;
