@@ -114,18 +114,22 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
             c.seed = ++seed;
             check_forward_case(c);
         }
-    // D past 4096: serve_token needs two column splits for its 513 chunks (M = 100), or, with a
-    // hidden output (one split), two chunks a thread (M = 20)
-    for (int64_t m : {20, 100}) {
-        FfnCase c;
-        c.m = m;
-        c.d = 4100;
-        c.h = 700;
-        c.k = 29;
-        c.hidden = m == 20 ? 1 : 0;
-        c.seed = ++seed;
-        check_forward_case(c);
-    }
+    // D past 4096. x rows padded to 4104 values (on 16 bytes): serve_token needs two column
+    // splits for its 513 chunks (M = 100), or, with a hidden output (one split), two chunks a
+    // thread (M = 20). Unpadded rows (8200 bytes) leave the serving path: the fused kernel's team
+    // of 5 warps (M = 20; its launch bound once refused it)
+    for (int64_t m : {20, 100})
+        for (int64_t pad : {4, 0}) {
+            FfnCase c;
+            c.m = m;
+            c.d = 4100;
+            c.h = 700;
+            c.k = 29;
+            c.x_pad = pad;
+            c.hidden = m == 20 ? 1 : 0;
+            c.seed = ++seed;
+            check_forward_case(c);
+        }
     // heavy rows of ~1360 active units (of 3000): serve_token lists a token's units 512 at a time,
     // so these go in three windows (M = 40 and 200)
     for (int64_t m : {40, 200}) {
