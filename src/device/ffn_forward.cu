@@ -150,7 +150,7 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.gate = static_cast<T *>(s.gate), a.ldg = s.ldg;
     a.masks = s.unit_masks, a.words = s.unit_words, a.ticket = s.serve_ticket;
     a.neuron_counts = neuron_counts;
-    a.y = static_cast<T *>(y.ptr), a.y_rs = y.rs, a.y_cs = y.cs, a.y_vec = rows_vectorizable(y, p.d);
+    a.y = static_cast<T *>(y.ptr), a.y_rs = y.rs, a.y_cs = y.cs;
     a.tile = p.tile, a.slots = p.slots, a.row_limit = s.row_limit;
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
@@ -158,13 +158,19 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
         // serve_finish_row's ticket zeroed, cuBLAS's gate GEMM (z rounded to T), then serve_token
         check(cudaMemsetAsync(a.ticket, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
         run_gate_gemm(stream, st, p, xg, s);
-        const int splits = heuristics::serve_token_splits(p.m, p.dp, write_h);
-        const int64_t per_split = ceil_div(p.dp / Chunk<T>::n, int64_t{splits});  // <= 2 x 512 (dp <= 8192)
-        const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.m)), block(kServeTokenThreads);
-        if (per_split <= kServeTokenThreads)
-            launch_dependent(serve_token<T, 1>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
+        const int warps = heuristics::serve_token_warps(p.m, write_h);
+        const int splits = heuristics::serve_token_splits(p.m, p.dp, write_h, warps);
+        const int64_t per_split = ceil_div(p.dp / Chunk<T>::n, int64_t{splits});  // chunks a block
+        const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.m)), block(32 * warps);
+        // per_split <= one chunk a thread but for a hidden output (one split) past 4096 columns
+        if (warps == 8 && per_split <= 32 * 8)
+            launch_dependent(serve_token<T, 8, 1>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
+        else if (warps == 16 && per_split <= 32 * 16)
+            launch_dependent(serve_token<T, 16, 1>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
+        else if (warps == 16 && per_split <= 2 * 32 * 16)  // dp <= 8192 (heuristics::max_model_dim)
+            launch_dependent(serve_token<T, 16, 2>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
         else
-            launch_dependent(serve_token<T, 2>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
+            fail(TW_STATUS_INTERNAL_ERROR, "serve_token: no instance for %lld chunks a split", static_cast<long long>(per_split));
         return;
     }
     // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows

@@ -18,9 +18,13 @@ bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidde
     return static_cast<double>(tokens) * mean_active <= static_cast<double>(hidden_dim);
 }
 
-int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h) {
+int serve_token_warps(int64_t tokens, bool writes_h) {
+    return tokens >= kServeTokenNarrowMinTokens && !writes_h ? 8 : 16;
+}
+
+int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h, int warps) {
     if (writes_h) return 1;
-    const int64_t threads = 32 * kServeTokenWarps, per_16_warps = 16 / kServeTokenWarps;  // 1 or 2
+    const int64_t threads = 32 * warps, per_16_warps = 16 / warps;  // 1 or 2
     const int64_t chunks = (dp + 7) / 8, at_least = (chunks + threads - 1) / threads;
     return static_cast<int>(std::max<int64_t>(
         at_least, std::min<int64_t>(4 * per_16_warps, 128 * per_16_warps / std::max<int64_t>(1, tokens))));

@@ -47,22 +47,26 @@ constexpr int64_t kServeGateMaxTokens = TWBLAS_SERVE_GATE_MAX_TOKENS;
 constexpr int64_t kServeGateMaxTokens = 16;
 #endif
 /// serve_token's warps per block: 16 (one 512-thread block an SM at 116 registers and 45 KB of
-/// shared memory). -DTWBLAS_SERVE_TOKEN_WARPS=8 builds 256-thread blocks (two an SM) with twice
-/// the splits (scripts/variant-lib.sh with device/heuristics.cpp). Measured on an H200 against 16,
-/// same call (bench/results/h200-serve-token-warps8-2026-11-25d.txt): paper's shape M = 32 / 64 /
-/// 128 / 256 27.5 / 29.5 / 32.4 / 40.8 us against 24.8 / 27.7 / 31.7 / 48.4; Llama's M = 64 62.2
-/// against 57.6. 8 wins at 256 tokens, where 256 blocks of 16 warps take two waves and of 8 one;
-/// choosing it past 128 tokens needs its instance beside the other (next step, bench/NOTES.md).
-#ifdef TWBLAS_SERVE_TOKEN_WARPS
-constexpr int kServeTokenWarps = TWBLAS_SERVE_TOKEN_WARPS;
+/// shared memory) up to this many tokens, 8 (two 256-thread blocks an SM, twice the splits) from
+/// it on, unless the launch writes the hidden output (one split, whose wide rows need 16 warps).
+/// Measured on an H200 with builds of each width, same call
+/// (bench/results/h200-serve-token-warps8-2026-11-25d.txt): paper's shape M = 32 / 64 / 128 / 256
+/// 27.5 / 29.5 / 32.4 / 40.8 us with 8 warps against 24.8 / 27.7 / 31.7 / 48.4 with 16; Llama's
+/// M = 64 62.2 against 57.6. At 256 tokens 16-warp blocks take two waves and 8-warp ones one.
+/// -DTWBLAS_SERVE_TOKEN_NARROW_MIN_TOKENS=N moves the crossover to time it.
+#ifdef TWBLAS_SERVE_TOKEN_NARROW_MIN_TOKENS
+constexpr int64_t kServeTokenNarrowMinTokens = TWBLAS_SERVE_TOKEN_NARROW_MIN_TOKENS;
 #else
-constexpr int kServeTokenWarps = 16;
+constexpr int64_t kServeTokenNarrowMinTokens = 129;
 #endif
-/// serve_token's column splits per token: about 128 blocks in all (one an SM), at most 4, and
-/// enough that a block's share of the columns is at most 512 16-byte chunks; one when the gate
-/// buffer becomes the hidden output (split 0 writes h there, where the other splits read g).
-/// Depends on the shape alone, so results stay reproducible.
-int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h);
+int serve_token_warps(int64_t tokens, bool writes_h);
+
+/// serve_token's column splits per token for blocks of `warps` warps: about 128 blocks of 16 warps
+/// (256 of 8) in all, at most 4 (8), and enough that a block's share of the columns is at most
+/// one 16-byte chunk a thread; one when the gate buffer becomes the hidden output (split 0 writes
+/// h there, where the other splits read g). Depends on the shape alone, so results stay
+/// reproducible.
+int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h, int warps);
 
 /// serve_gate's 16-byte chunks of the weight row in flight per lane, up to 8 tokens (one x row per
 /// lane); 9 to 16 tokens hold two x rows and take 4. -DTWBLAS_SERVE_GATE_CHUNKS=N builds another

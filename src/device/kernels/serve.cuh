@@ -44,7 +44,6 @@ template <class T> struct ServeArgs {
     unsigned long long *neuron_counts;
     T *y;
     int64_t y_rs, y_cs;
-    bool y_vec;
     int tile, slots, row_limit;
     int32_t *count, *row_nnz;
     float *row_l1;
@@ -438,11 +437,11 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
 // output; the launch then uses one split, as split 0 would write h where the others read g) and
 // the token's statistics, and the grid's last token block the step's. Rows longer than the list
 // go in windows. A fixed order everywhere, so the bits are deterministic.
-constexpr int kServeTokenWarps = heuristics::kServeTokenWarps, kServeTokenCap = 512, kServeTokenBatch = 8;
-constexpr int kServeTokenThreads = 32 * kServeTokenWarps;
+// W warps a block (heuristics::serve_token_warps), V of the split's 16-byte chunks a thread.
+constexpr int kServeTokenCap = 512, kServeTokenBatch = 8;
 
-template <class T, int V> __global__ void __launch_bounds__(kServeTokenThreads) serve_token(ServeArgs<T> a) {
-    constexpr int E = Chunk<T>::n, W = kServeTokenWarps, B = kServeTokenBatch / V, NT = kServeTokenThreads;
+template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
+    constexpr int E = Chunk<T>::n, B = kServeTokenBatch / V, NT = 32 * W;
     constexpr int kMaxChunks = 1024;  // dp <= 8192 (heuristics::max_model_dim)
     __shared__ uint4 xs[kMaxChunks];
     __shared__ uint32_t words[kServeMaxWords];
