@@ -102,7 +102,8 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
                 check_forward_case(c);
             }
     // the team shapes of the model dimensions users run: 1, 2 and 4 warps per token; past 128
-    // tokens serve_token's blocks cover whole rows (one split), in one or two waves
+    // tokens serve_token's 8-warp blocks (one column split, two at D = 4096), and 16-warp blocks
+    // of one split with a hidden output (M = 160)
     for (int64_t d : {256, 2048, 4096})
         for (int64_t m : {1, 13, 29, 64, 160, 256}) {
             FfnCase c;
@@ -111,6 +112,7 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
             c.h = 2 * d + 40;
             c.k = 29;
             c.profile = tt::Profile::Llm;
+            c.hidden = m == 160 ? 1 : 0;
             c.seed = ++seed;
             check_forward_case(c);
         }
