@@ -192,15 +192,18 @@ struct DenseModeBuffers {
 };
 
 /// The packing pass: unit lists (sparse paths), or h and each row's l1 (dense mode, `dense`).
+/// With `stats` (dense mode) the pass also publishes the statistics (finalize's work).
 template <class T>
 void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
-                 bool zero_inactive, const DenseModeBuffers *dense = nullptr) {
+                 bool zero_inactive, const DenseModeBuffers *dense = nullptr, FfnStatsBlock *stats = nullptr,
+                 FfnFeedback *publish = nullptr) {
     check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
     const bool dense_mode = dense != nullptr;
     PackArgs<T> pk{dense_mode ? dense->z : s.gate, s.ldg, p.m, p.h, p.gate_f32(), zero_inactive, p.tile, p.slots,
                    s.cap, s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
                    dense_mode && p.gated ? static_cast<const T *>(dense->up) : nullptr, dense_mode, s.row_l1,
-                   dense_mode ? static_cast<T *>(dense->h) : nullptr};
+                   dense_mode ? static_cast<T *>(dense->h) : nullptr, dense_mode ? stats : nullptr, publish,
+                   s.header + 1};
     if (dense_mode)  // a block per row
         pack_rows<T><<<static_cast<unsigned>(p.m), 32 * kPackDenseWarps, 0, stream>>>(pk);
     else
@@ -397,10 +400,12 @@ void run_dense_path_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProbl
     check_launch("scatter_rows");
 }
 
-/// Dense mode: z = X Wg^T and the up projection of every row (gated) by cuBLAS, h and the
-/// statistics in one pass over them (pack), then the down projection.
+/// Dense mode: z = X Wg^T and the up projection of every row (gated) by cuBLAS, h and each row's
+/// statistics in one pass over them (pack), then the down projection. Up to
+/// heuristics::kDenseModeFoldMaxTokens tokens the pass also counts the active units and publishes
+/// the statistics (true: no finalize to launch); past it count_active_columns and finalize do.
 template <class T>
-void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
+bool run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
                     const twDnMatDescr &x, const twDnMatDescr &y, const DenseModeBuffers &b) {
     FfnScratch zs = s;
     zs.gate = b.z;
@@ -408,11 +413,26 @@ void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, 
     if (p.gated)
         st.gemm.run(stream, 1.0f, gemm_operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
                     {b.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
-    launch_count_dense<T>(stream, p, b.z, s.ldg, st.neuron_counts());
-    launch_pack<T>(stream, p, s, nullptr, false, &b);
+    const bool fold = p.m <= heuristics::kDenseModeFoldMaxTokens;
+    if (fold) {
+        launch_pack<T>(stream, p, s, st.neuron_counts(), false, &b, st.stats_block(), st.feedback.device());
+    } else {
+        launch_count_dense<T>(stream, p, b.z, s.ldg, st.neuron_counts());
+        launch_pack<T>(stream, p, s, nullptr, false, &b);
+    }
     st.gemm.run(stream, 1.0f, {b.h, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
                 {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type}, s.lt_workspace,
                 s.lt_bytes);
+    return fold;
+}
+
+/// The optional hidden output from h, which the gate buffer now holds (inactive units zeroed, or
+/// outside the gate's mask); PLAIN keeps every stored pattern but +0, as the reference does.
+inline void write_hidden_from_gate(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s,
+                                   const twSpMatDescr *hidden, const ActiveMask &gate_mask = {}) {
+    if (!hidden) return;
+    const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, p.gate_f32() ? TW_R_32F : p.type};
+    write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags, gate_mask);
 }
 
 /// Statistics (and the l1 of dense-path rows from list position `first` on), published for the
@@ -424,12 +444,7 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
     launch_dependent(finalize<T>, dim3(blocks), dim3(kFinalThreads), 0, stream, st.pdl, "cudaLaunchKernelEx(finalize)",
                      s.gate, s.ldg, p.h, p.gate_f32(), !p.gated, s.dense_rows, s.dense_count, dense_l1, first, p.m,
                      s.row_nnz, s.count, s.row_l1, s.header + 1, st.stats_block(), st.feedback.device());
-    if (hidden) {
-        // the gate buffer now holds h (inactive units zeroed, or outside the gate's mask);
-        // PLAIN keeps every stored pattern but +0, as the reference does
-        const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, p.gate_f32() ? TW_R_32F : p.type};
-        write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags, gate_mask);
-    }
+    write_hidden_from_gate(stream, p, s, hidden, gate_mask);
 }
 
 // ---- the sequences
@@ -456,8 +471,13 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
         return;
     }
     if (path.dense_mode) {  // h over z in the workspace
-        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y, {s.gate, s.up, s.gate});
-        launch_finish<T>(stream, st, p, s, false, 0, hidden);
+        bool published = false;
+        if constexpr (!std::is_same_v<T, float>)
+            published = run_dense_mode<T>(stream, st, p, s, x, y, {s.gate, s.up, s.gate});
+        if (published)
+            write_hidden_from_gate(stream, p, s, hidden);
+        else
+            launch_finish<T>(stream, st, p, s, false, 0, hidden);
         return;
     }
     run_gate_and_lists<T>(stream, st, p, path, x, s, hidden != nullptr);
@@ -503,8 +523,9 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
         char *const sb = static_cast<char *>(saved);
         const DenseModeBuffers b = p.save_dense ? DenseModeBuffers{sb + l.dense_z, p.gated ? sb + l.dense_u : nullptr, s.gate}
                                                 : DenseModeBuffers{s.gate, s.up, s.gate};
-        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y, b);
-        launch_finish<T>(stream, st, p, s, false, 0, nullptr);
+        bool published = false;
+        if constexpr (!std::is_same_v<T, float>) published = run_dense_mode<T>(stream, st, p, s, x, y, b);
+        if (!published) launch_finish<T>(stream, st, p, s, false, 0, nullptr);
         all_rows_dense<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(s.count, s.dense_rows,
                                                                                           s.dense_count, p.m);
         check_launch("all_rows_dense");

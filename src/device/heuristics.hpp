@@ -68,6 +68,20 @@ int serve_token_warps(int64_t tokens, bool writes_h);
 /// reproducible.
 int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h, int warps);
 
+/// Dense mode up to this many tokens: the packing pass (a block per row) also counts each
+/// unit's activations (an atomic per active value: at most tokens x H of them) and publishes the
+/// statistics from its last block, so that count_active_columns and finalize are not launched;
+/// past it those two run (column sums beat per-value atomics at 16384 tokens x 911 units). Over
+/// at most 256 rows the statistics' sums are the same as finalize's (one row a thread either way).
+/// Measured on an H200, llm-29 (dense mode at these sizes), same call against the two kernels
+/// (bench/results/h200-dense-mode-fold-2026-11-26.json): M = 16 / 64 / 256 42.6 / 43.7 / 50.8 us
+/// against 46.1 / 48.3 / 56.5.
+#ifdef TWBLAS_DENSE_MODE_FOLD_MAX_TOKENS
+constexpr int64_t kDenseModeFoldMaxTokens = TWBLAS_DENSE_MODE_FOLD_MAX_TOKENS;
+#else
+constexpr int64_t kDenseModeFoldMaxTokens = 256;
+#endif
+
 /// serve_gate's 16-byte chunks of the weight row in flight per lane, up to 8 tokens (one x row per
 /// lane); 9 to 16 tokens hold two x rows and take 4. -DTWBLAS_SERVE_GATE_CHUNKS=N builds another
 /// to time it (bench/NOTES.md, "Serving path, fifth pass").

@@ -6,6 +6,7 @@
 #include <type_traits>
 #include "common/values.cuh"
 #include "common/warp.cuh"
+#include "kernels/finalize.cuh"
 
 namespace twblas::cuda {
 
@@ -41,6 +42,11 @@ struct PackArgs {
     bool dense_mode;  // dense mode: write h and each row's l1; no unit lists
     float *row_l1;
     T *h_out;         // dense mode: where h goes (ldg apart), NULL: over the gate values
+    // dense mode, a few tokens: the grid's last row block reduces and publishes the statistics
+    // (finalize's work, a launch fewer at the serving sizes); NULL: finalize does
+    FfnStatsBlock *stats;
+    FfnFeedback *publish;
+    uint32_t *ticket;  // zeroed before the grid
 };
 
 /// Dense mode splits a row's steps over the warps of a block (no unit list, so no order between
@@ -55,6 +61,8 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32 / per_row) + warp / per_row;
     const int part = warp % per_row;
     if (row >= a.m) return;
+    uint4 last_record = make_uint4(0, 0, 0, 0);  // loaded now, its latency hidden (a.stats)
+    if (a.stats && threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
     const int lane = threadIdx.x & 31;
     const int lanes_per_tile = a.tile / 8;
     const int first = lane & ~(lanes_per_tile - 1);
@@ -138,6 +146,7 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
         for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, o);
         if (lane == 0) l1s[part] = l1, totals[part] = total, overs[part] = overflow;
         __syncthreads();
+        __shared__ bool last;
         if (threadIdx.x == 0) {
             float row_l1 = 0.0f;
             int row_total = 0, row_over = 0;
@@ -145,7 +154,15 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
             a.row_nnz[row] = row_total;
             a.count[row] = row_over ? -1 : row_total;
             a.row_l1[row] = row_l1;
+            last = false;
+            if (a.stats) {  // release the row, then the ticket; the last block acquires
+                __threadfence();
+                last = atomicAdd(a.ticket, 1u) == static_cast<unsigned>(a.m - 1);
+                if (last) __threadfence();
+            }
         }
+        __syncthreads();
+        if (last) reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
         return;
     }
     if (lane == 0) record_row(row, total, overflow, a.row_limit, a.count, a.row_nnz, a.dense_rows, a.dense_count);
