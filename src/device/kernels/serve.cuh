@@ -295,18 +295,23 @@ __device__ inline uint32_t serve_mask_from_gate(const ServeArgs<T> &a, int64_t t
 
 /// The end of serve_down and serve_token, by a token's counting block: thread 0 stores the
 /// row's l1, units and count entry (serve_row_code); the grid's last such block (a ticket:
-/// release, then acquire) reduces and publishes the statistics with one warp. Every thread calls
-/// it; the row's values matter in thread 0 only.
+/// release, then acquire) reduces and publishes the statistics with one warp, or, for one
+/// token, thread 0 publishes them from its registers (a read-back round trip fewer at M = 1).
+/// Every thread calls it; the row's values matter in thread 0 only.
 template <bool kPast32Rows, class T>
 __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_t nnz, bool over, float row_l1,
                                         uint4 last_record) {
     __shared__ bool last;
     if (threadIdx.x == 0) {
+        const int32_t code = serve_row_code(nnz, over, a.row_limit);
         a.row_l1[t] = row_l1;
         a.row_nnz[t] = nnz;
-        a.count[t] = serve_row_code(nnz, over, a.row_limit);
-        last = true;
-        if (a.m > 1) {  // the other tokens' blocks write theirs
+        a.count[t] = code;
+        last = false;
+        if (a.m == 1) {  // decode's one row: its statistics from registers, nothing read back
+            publish_statistics(FfnDeviceStats{1, nnz, nnz, code == -1, code < 0, row_l1}, a.h, a.stats, a.publish,
+                               last_record);
+        } else {  // the other tokens' blocks write theirs
             __threadfence();
             last = atomicAdd(a.ticket, 1u) == static_cast<unsigned>(a.m - 1);
             if (last) __threadfence();
