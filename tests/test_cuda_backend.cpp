@@ -138,8 +138,8 @@ TEST_CASE("CUDA FFN: heavy rows through cuBLAS, and past the capacity the statis
                 const FfnResult cpu = run_ffn(c, *d, TW_BACKEND_CPU);
                 const FfnResult gpu = run_ffn(c, *d, TW_BACKEND_CUDA, FfnRun().warmed_with(&data.x));
                 const ErrorReport e = compare(gpu.y, cpu.y, c.d);
-                INFO((gated ? "gated" : "plain")
-                     << " hidden " << hidden << " rows " << cpu.stats.overflowRows << ": " << e.worst);
+                INFO((gated ? "gated" : "plain") << " hidden " << hidden << " rows " << cpu.stats.overflowRows << ": "
+                                                 << e.worst);
                 REQUIRE(cpu.stats.overflowRows >= (d == &data ? 4 : 300));
                 for (double v : gpu.y) REQUIRE(std::isfinite(v));
                 REQUIRE(e.rel <= type_bound(c));
@@ -213,8 +213,7 @@ TEST_CASE("CUDA FFN: a replayed call follows new buffers and attributes", "[cuda
 
         Handle h(TW_BACKEND_CUDA);
         Buffers buf(TW_BACKEND_CUDA);
-        Dense x(c.m, c.d, c.type), x2(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type),
-            wd(c.h, c.d, c.type);
+        Dense x(c.m, c.d, c.type), x2(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type);
         x.fill(data.x);
         x2.fill(data2.x);
         wg.fill(data.wg);
@@ -231,10 +230,9 @@ TEST_CASE("CUDA FFN: a replayed call follows new buffers and attributes", "[cuda
         size_t ws_bytes = 0;
         TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y1, &ws_bytes));
         void *ws = buf.memory(ws_bytes);
-        for (int i = 0; i < 3; ++i)
-            TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y1, nullptr, ws));  // eager, capture, replay
-        TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y2, nullptr, ws));      // another Y
-        TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X2, Y3, nullptr, ws));     // another X
+        for (int i = 0; i < 3; ++i) TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y1, nullptr, ws));  // eager, capture, replay
+        TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y2, nullptr, ws));                              // another Y
+        TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X2, Y3, nullptr, ws));                             // another X
         const int32_t highest = TW_COMPUTE_HIGHEST_PRECISION;
         REQUIRE(twFfnSetAttribute(ffn, TW_FFN_ATTR_COMPUTE_MODE, &highest, sizeof highest) == TW_STATUS_SUCCESS);
         TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y4, &ws_bytes));
@@ -386,8 +384,7 @@ TEST_CASE("CUDA backend: host memory in a descriptor is INVALID_VALUE naming the
     const FfnData data = make_data(c);
     Dense x(m, d, c.type), y(m, d, c.type), wg(hd, d, c.type), wu(hd, d, c.type), wd(hd, d, c.type);
     x.fill(data.x), wg.fill(data.wg), wu.fill(data.wu), wd.fill(data.wd);
-    const twDnMatDescr_t X = buf.input(x), Y = buf.output(y), WG = buf.input(wg), WU = buf.input(wu),
-                         WD = buf.input(wd);
+    const twDnMatDescr_t X = buf.input(x), Y = buf.output(y), WG = buf.input(wg), WU = buf.input(wu), WD = buf.input(wd);
     // the same matrices over host memory (the Dense storage itself)
     twDnMatDescr_t Xh = nullptr, Wgh = nullptr;
     REQUIRE(twCreateDnMat(&Xh, m, d, d, x.storage.data(), c.type, TW_ORDER_ROW) == TW_STATUS_SUCCESS);
@@ -492,8 +489,7 @@ GpuForward forward_on_gpu(int device, const FfnCase &c, const Dense &x, const De
             tw(twCreateFfn(h, &ffn, c.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD), "twCreateFfn") &&
             tw(twSpGEMMFused_bufferSize(h, ffn, X, Y, &ws_bytes), "twSpGEMMFused_bufferSize") &&
             cuda(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 1)), "cudaMalloc")) {
-            for (int i = 0; i < repeats && out.error.empty(); ++i)
-                tw(twSpGEMMFused(h, ffn, X, Y, nullptr, ws), "twSpGEMMFused");
+            for (int i = 0; i < repeats && out.error.empty(); ++i) tw(twSpGEMMFused(h, ffn, X, Y, nullptr, ws), "twSpGEMMFused");
             std::vector<uint16_t> half(y_elems);
             std::vector<uint32_t> full(y_elems);
             if (out.error.empty() && cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize") &&
@@ -516,8 +512,7 @@ GpuForward forward_on_gpu(int device, const FfnCase &c, const Dense &x, const De
 
 }  // namespace
 
-TEST_CASE("CUDA: threads on every GPU, each with its own handle and FFN, give the reference's bits",
-          "[cuda][multi-gpu]") {
+TEST_CASE("CUDA: threads on every GPU, each with its own handle and FFN, give the reference's bits", "[cuda][multi-gpu]") {
     // small-integer data: every sum is exact, so each GPU must give the CPU reference's bits; two
     // threads per GPU, so that threads also share a device (and one GPU is a valid machine)
     int gpus = 0;
