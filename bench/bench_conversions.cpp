@@ -4,6 +4,8 @@
 //
 //   conv/twblas_dense_to_twell    twDenseToSparse_analysis + _convert into TwELL (T = 256; the
 //                                 largest compression of 8, 4, 2 whose analysis says every row fits)
+//   conv/twblas_dense_to_twell_convert  twDenseToSparse_convert alone into that TwELL (a user
+//                                 refilling a container sized once: convert reports capacity itself)
 //   conv/twblas_twell_to_dense    twSparseToDense of that TwELL
 //   conv/twblas_twell_validate    twSpMatValidate of it;  conv/twblas_twell_info: twSpMatGetInfo
 //   conv/twblas_dense_to_hybrid   twDenseToSparse_analysis + _convert into a hybrid (ELL width 64,
@@ -215,10 +217,13 @@ class ToSparse {
     twStatus_t analysis(int inst) {
         return twDenseToSparse_analysis(a_.handle, in_[inst].get(), out_->descr, kOp, ws_->get());
     }
+    twStatus_t convert(int inst) {
+        return twDenseToSparse_convert(a_.handle, in_[inst].get(), out_->descr, kOp, ws_->get());
+    }
     /// The user's sequence, analysis then convert; the first status that is not SUCCESS.
     twStatus_t call(int inst) {
         const twStatus_t s = analysis(inst);
-        const twStatus_t c = twDenseToSparse_convert(a_.handle, in_[inst].get(), out_->descr, kOp, ws_->get());
+        const twStatus_t c = convert(inst);
         return s != TW_STATUS_SUCCESS ? s : c;
     }
     Sparse &out() { return *out_; }
@@ -315,6 +320,15 @@ void bm_dense_to_twell(benchmark::State &state, Shape, std::string profile, int6
     if (!conv || !verified(state, a, "twell round trip", [&] { return to_dense_differs(a, conv->out().descr, false); }))
         return;
     time_host(state, [&](int run) { ck(conv->call(run % kInstances), a.handle, "dense -> TwELL"); });
+    add_counters(state, a, dense_bytes(m, kShape.h) + conv->out().bytes);
+}
+
+void bm_dense_to_twell_convert(benchmark::State &state, Shape, std::string profile, int64_t, int64_t m) {
+    Activation &a = activation(profile, m);
+    auto conv = filled_twell(state, a);
+    if (!conv || !verified(state, a, "twell round trip", [&] { return to_dense_differs(a, conv->out().descr, false); }))
+        return;
+    time_host(state, [&](int run) { ck(conv->convert(run % kInstances), a.handle, "twDenseToSparse_convert"); });
     add_counters(state, a, dense_bytes(m, kShape.h) + conv->out().bytes);
 }
 
@@ -559,7 +573,8 @@ std::string conv_name(const char *variant, const std::string &profile, int64_t m
 
 void register_conversions() {
     const std::pair<const char *, BenchFn> entries[] = {
-        {"twblas_dense_to_twell", bm_dense_to_twell},        {"twblas_twell_to_dense", bm_twell_to_dense},
+        {"twblas_dense_to_twell", bm_dense_to_twell},        {"twblas_dense_to_twell_convert", bm_dense_to_twell_convert},
+        {"twblas_twell_to_dense", bm_twell_to_dense},
         {"twblas_twell_validate", bm_twell_validate},        {"twblas_twell_info", bm_twell_info},
         {"twblas_dense_to_hybrid", bm_dense_to_hybrid},      {"twblas_hybrid_transpose", bm_hybrid_transpose},
         {"cusparse_dense_to_csr", bm_cusparse_dense_to_csr}, {"cusparse_csr_to_dense", bm_cusparse_csr_to_dense},

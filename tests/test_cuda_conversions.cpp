@@ -105,23 +105,40 @@ std::vector<uint32_t> meaningful(const std::vector<uint32_t> &w, const Spec &s, 
     return out;
 }
 
-/// A random dense matrix: about `density` non-zeros (with -0.0 and NaN patterns), and every
-/// `heavy`-th row (when heavy > 0) mostly non-zero.
+/// Bit patterns at the edges of what a conversion keeps, of a 16-bit type or fp32: -0, NaNs of
+/// both signs (the quiet ones and those just past infinity), both infinities, the smallest
+/// subnormals and the largest finite values.
+std::vector<uint32_t> edge_patterns(twDataType_t t) {
+    if (t == TW_R_16BF) return {0x8000, 0x7fc0, 0xffc0, 0x7f81, 0xff81, 0x7f80, 0xff80, 0x0001, 0x8001, 0x7f7f, 0xff7f};
+    if (t == TW_R_16F) return {0x8000, 0x7e00, 0xfe00, 0x7c01, 0xfc01, 0x7c00, 0xfc00, 0x0001, 0x8001, 0x7bff, 0xfbff};
+    return {0x80000000u, 0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7f800000u, 0xff800000u,
+            0x00000001u, 0x80000001u, 0x7f7fffffu, 0xff7fffffu};
+}
+
+/// A random dense matrix: about `density` non-zeros (with -0.0, NaN and the other edge
+/// patterns), and every `heavy`-th row (when heavy > 0) mostly non-zero. Rows `pad` columns
+/// longer than `cols` hold non-zeros past the end, which no conversion may read.
 std::unique_ptr<Dense> random_dense(int64_t rows, int64_t cols, twDataType_t t, double density, int64_t heavy,
-                                    uint64_t seed) {
-    auto out = std::make_unique<Dense>(rows, cols, t);
+                                    uint64_t seed, int64_t pad = 0) {
+    auto out = std::make_unique<Dense>(rows, cols, t, TW_ORDER_ROW, pad);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = cols; c < cols + pad; ++c) out->set(r, c, 1.0f);
     Dense &d = *out;
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<double> u01(0.0, 1.0);
     std::normal_distribution<float> n01;
+    const std::vector<uint32_t> edges = edge_patterns(t);
     for (int64_t r = 0; r < rows; ++r) {
         const double p = heavy > 0 && r % heavy == heavy - 1 ? 0.8 : density;
         for (int64_t c = 0; c < cols; ++c) {
-            float v = u01(rng) < p ? n01(rng) : 0.0f;
+            const float v = u01(rng) < p ? n01(rng) : 0.0f;
             const double special = u01(rng);
-            if (special < 0.002) v = -0.0f;
-            else if (special < 0.003) v = NAN;
-            d.set(r, c, v);
+            if (special < 0.002)
+                d.set(r, c, -0.0f);
+            else if (special < 0.004)
+                d.set_bits(r, c, edges[static_cast<size_t>(rng() % edges.size())]);
+            else
+                d.set(r, c, v);
         }
     }
     return out;
@@ -192,9 +209,11 @@ void require_same(const Run &gpu, const Run &cpu) {
 
 TEST_CASE("CUDA conversions: statuses, messages and bits of the reference", "[cuda][conversions]") {
     struct Shape {
-        int64_t rows, cols, heavy;
+        int64_t rows, cols, heavy, pad;
     };
-    const Shape shapes[] = {{1, 1, 0}, {7, 257, 3}, {333, 1000, 50}, {1000, 300, 0}, {2049, 5632, 400}, {0, 40, 0}};
+    // 97 x 1003 and 5 x 5636 have rows on 16 bytes that end inside a chunk of eight columns
+    const Shape shapes[] = {{1, 1, 0, 0},        {7, 257, 3, 0},    {333, 1000, 50, 0}, {1000, 300, 0, 0},
+                            {2049, 5632, 400, 0}, {97, 1003, 13, 5}, {5, 5636, 0, 4},    {0, 40, 0, 0}};
     uint64_t seed = 11;
     for (const Shape &sh : shapes)
         for (twDataType_t t : {TW_R_16BF, TW_R_16F, TW_R_32F})
@@ -204,7 +223,7 @@ TEST_CASE("CUDA conversions: statuses, messages and bits of the reference", "[cu
                 const twConvertOp_t op = seed % 2 ? TW_CONVERT_RELU : TW_CONVERT_PLAIN;
                 DYNAMIC_SECTION("rows " << sh.rows << " cols " << sh.cols << " type " << t << (spec.twell ? " TwELL " : " hybrid ")
                                         << spec.a << "/" << spec.b << " op " << op) {
-                    const std::unique_ptr<Dense> dense = random_dense(sh.rows, sh.cols, t, 0.03, sh.heavy, ++seed);
+                    const std::unique_ptr<Dense> dense = random_dense(sh.rows, sh.cols, t, 0.03, sh.heavy, ++seed, sh.pad);
                     const Dense &in = *dense;
                     // the re-packed container: the other format, all rows backed up
                     const Spec other = spec.twell || t == TW_R_32F ? Spec{false, 8, sh.rows} : Spec{true, 128, 2};

@@ -61,6 +61,13 @@ struct Dense {
     size_t at(int64_t r, int64_t c) const { return static_cast<size_t>(order == TW_ORDER_ROW ? r * ld + c : c * ld + r); }
     float get(int64_t r, int64_t c) const { return twblas::load_value(storage.data(), at(r, c), type); }
     void set(int64_t r, int64_t c, float v) { twblas::store_value(storage.data(), at(r, c), type, v); }
+    /// Stores a bit pattern of the type as it is (NaN payloads and signs included).
+    void set_bits(int64_t r, int64_t c, uint32_t b) {
+        if (type == TW_R_32F)
+            storage[at(r, c)] = b;
+        else
+            reinterpret_cast<uint16_t *>(storage.data())[at(r, c)] = static_cast<uint16_t>(b);
+    }
     uint32_t bits(int64_t r, int64_t c) const {
         return type == TW_R_32F ? storage[at(r, c)] : reinterpret_cast<const uint16_t *>(storage.data())[at(r, c)];
     }

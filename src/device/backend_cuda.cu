@@ -209,8 +209,8 @@ class CudaBackend final : public Backend {
     cudaStream_t stream() const { return static_cast<cudaStream_t>(*stream_slot_); }
 
     void *const *stream_slot_;
-    cuda::ContainerOps containers_;
     cuda::DeviceInfo device_;
+    cuda::ContainerOps containers_{device_.pdl};
     cuda::GemmRunner gemm_;  // the building blocks' cuBLASLt plans
 };
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/dependent_launch.cuh"
 #include "common/pointer_check.hpp"
 #include "host/container_checks.hpp"
 #include "kernels/container_convert.cuh"
@@ -161,7 +162,7 @@ size_t dense_bytes_of(const twDnMatDescr &d) {
 
 }  // namespace
 
-ContainerOps::ContainerOps() : result_(2 * sizeof(InspectResult)) {
+ContainerOps::ContainerOps(bool pdl) : result_(2 * sizeof(InspectResult)), pdl_(pdl) {
     // both slots clear before the first call (setup: a blocking copy)
     const InspectResult clear[2] = {clear_result(), clear_result()};
     check(cudaMemcpy(result_.get(), clear, sizeof clear, cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -299,9 +300,10 @@ twStatus_t ContainerOps::dense_to_sparse_analysis(cudaStream_t stream, const twD
     require_device_accessible(in.values, "in");
     const Slots r = slots();
     if (in.rows > 0 && in.cols > 0) {
-        count_compact_misses<<<row_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(
-            matrix_arg(in), op, container_args(out), out.format == TW_FORMAT_TWELL,
-            dense_rows_vectorizable(matrix_arg(in), out.type), &r.use->nnz, r.clear);
+        const auto count = dense_rows_vectorizable(matrix_arg(in), out.type) ? count_compact_misses<true>
+                                                                              : count_compact_misses<false>;
+        count<<<row_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(
+            matrix_arg(in), op, container_args(out), out.format == TW_FORMAT_TWELL, &r.use->nnz, r.clear);
         check_launch("count_compact_misses");
         advance();
     }
@@ -324,11 +326,12 @@ twStatus_t ContainerOps::sparse_to_dense(cudaStream_t stream, const twSpMatDescr
     const MatrixArg dense = matrix_arg(out);
     if (in.format == TW_FORMAT_TWELL && !out.empty() && rows_aligned16(dense)) {
         // one pass, each row written once, queued behind the validation, which it obeys on the
-        // device: one read-back decides both
+        // device: one read-back decides both. A dependent launch: its blocks start while the
+        // validation's last ones run and load their first blocks before waiting for the verdict.
         const InspectResult *verdict = launch_validation(stream, in);
-        twell_rows_to_dense<<<row_blocks(in.rows), 32 * kWarpsPerRowBlock, 0, stream>>>(
-            container_args(in), dense, reinterpret_cast<uintptr_t>(in.buffer) % 16 == 0, verdict);
-        check_launch("twell_rows_to_dense");
+        launch_dependent(twell_rows_to_dense, dim3(row_blocks(in.rows)), dim3(32 * kWarpsPerRowBlock), 0, stream, pdl_,
+                         "cudaLaunchKernelEx(twell_rows_to_dense)", container_args(in), dense,
+                         reinterpret_cast<uintptr_t>(in.buffer) % 16 == 0, verdict);
         const InspectResult r = fetch_result(stream, verdict);
         report(stream, in, "in", r);
         complete_verdict(in, r);

@@ -22,7 +22,8 @@ struct InspectResult;
 
 class ContainerOps {
   public:
-    ContainerOps();
+    /// `pdl`: the GPU takes programmatic dependent launches (DeviceInfo::pdl).
+    explicit ContainerOps(bool pdl);
     twSpMatInfo_t info(cudaStream_t stream, const twSpMatDescr &s);
     /// Throws INVALID_VALUE with the reference's message for the first violation, naming `name`.
     void validate(cudaStream_t stream, const twSpMatDescr &s, const char *name);
@@ -71,6 +72,7 @@ class ContainerOps {
     };
     DeviceBuffer result_;     // two InspectResult slots, used in turn by the calls (they synchronise)
     int slot_ = 0;            // the slot the next call uses
+    bool pdl_;
     MappedHost<Staging> staging_;  // the pinned landing place of every small read-back
 };
 

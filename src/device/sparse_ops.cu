@@ -87,6 +87,8 @@ void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, co
     const bool vec = dense_rows_vectorizable(in, out.type);
     if (twell && mask.words && vec)
         write_twell_rows_masked<<<blocks, 32 * warps_per_block, 0, stream>>>(in, mask, op, args, flags);
+    else if (twell && vec)
+        write_twell_rows16<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
     else if (twell)
         write_twell_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, mask, op, args, vec, flags);
     else

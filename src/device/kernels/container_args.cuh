@@ -60,6 +60,36 @@ __device__ inline bool keeps(uint32_t bits, twDataType_t t, twConvertOp_t op) {
     return op == TW_CONVERT_RELU ? relu_active(decode(bits, t)) : bits != 0;
 }
 
+// ---- rows of 16-bit values on 16 bytes, eight columns at a time in integer arithmetic
+
+/// Which halves of a word of two 16-bit values (bf16 or f16) the conversion keeps: bit 15 for
+/// the low half, bit 31 for the high one. Two halves at a time in integer arithmetic, no carry
+/// crossing between them: magnitude + 0x7fff sets bit 15 when the magnitude is not 0, magnitude +
+/// `nan_bias` when it is past the type's infinity (a NaN, which RELU keeps as torch.relu does).
+__device__ inline uint32_t kept_halves(uint32_t w, uint32_t nan_bias, bool relu) {
+    const uint32_t magnitude = w & 0x7fff7fffu;
+    const uint32_t nonzero = magnitude + 0x7fff7fffu;
+    if (!relu) return (nonzero | w) & 0x80008000u;  // PLAIN keeps every value whose bits are not 0
+    return ((nonzero & ~w) | (magnitude + nan_bias)) & 0x80008000u;
+}
+/// kept_halves's `nan_bias` for a 16-bit type: 0x8000 less the smallest NaN magnitude.
+__device__ inline uint32_t nan_bias16(twDataType_t t) { return t == TW_R_16BF ? 0x007f007fu : 0x03ff03ffu; }
+/// The kept columns of a chunk of eight 16-bit values, bit j for value j.
+__device__ inline unsigned kept8(const uint4 &q, uint32_t nan_bias, bool relu) {
+    const uint32_t a = kept_halves(q.x, nan_bias, relu), b = kept_halves(q.y, nan_bias, relu);
+    const uint32_t c = kept_halves(q.z, nan_bias, relu), d = kept_halves(q.w, nan_bias, relu);
+    return (a >> 15 & 1u) | (a >> 30 & 2u) | (b >> 13 & 4u) | (b >> 28 & 8u) | (c >> 11 & 16u) | (c >> 26 & 32u) |
+           (d >> 9 & 64u) | (d >> 24 & 128u);
+}
+/// Columns c .. c + 7 of a row of 16-bit values on 16 bytes (zeros past `cols`).
+__device__ inline uint4 load8_row16(const uint16_t *row, int c, int cols) {
+    if (c + 8 <= cols) return *reinterpret_cast<const uint4 *>(row + c);
+    uint32_t h[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) h[j] = c + j < cols ? row[c + j] : 0u;
+    return make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+}
+
 /// The eight columns c0 .. c0 + 7 of row r as load8_bits reads them, and which of them the
 /// conversion stores (bit j for column c0 + j; none past `cols`).
 __device__ inline unsigned load8_kept(const MatrixArg &in, int64_t r, int64_t c0, int64_t cols, twDataType_t out, bool vec,

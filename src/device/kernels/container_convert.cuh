@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/dependent_launch.cuh"
 #include "kernels/container_args.cuh"
 #include "kernels/container_inspect.cuh"
 
@@ -83,19 +84,21 @@ __global__ void scatter_to_dense(ContainerArgs in, bool twell, MatrixArg out) {
 /// an H100, ncu: 2.4 TB/s of the write.) Launched with kWarpsPerRowBlock warps per block, on the
 /// stream right after the validation kernel: it writes nothing unless its verdict is "valid and
 /// complete" (so the host reads one result back for both, and the output stays untouched on a
-/// refusal). `vec`: the container's buffer is 16-byte aligned.
+/// refusal). Launched dependent on the validation (PDL), it loads its first blocks, then waits
+/// for the verdict. `vec`: the container's buffer is 16-byte aligned.
 constexpr int kWarpsPerRowBlock = 4;
 __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(ContainerArgs in, MatrixArg out, bool vec,
                                                                               const InspectResult *verdict) {
     const int64_t row = warp_row();
     if (row >= in.rows) return;
-    if (verdict->first_item != kNoItem || verdict->first_row != kNoItem || verdict->header != 0) return;
     const int lane = static_cast<int>(lane_id());
     const uint32_t *words = twell_row_words(in, row);
     auto *dst = static_cast<uint16_t *>(out.ptr) + row * out.rs;
     const int64_t tiles = twell_tiles(in);
     uint32_t head[8] = {};
-    if (lane < tiles) load_block_head(words + lane * in.words_per_block, vec, head);
+    if (lane < tiles) load_block_head(words + lane * in.words_per_block, vec, head);  // the validation only reads them
+    wait_for_prior_grid();
+    if (verdict->first_item != kNoItem || verdict->first_row != kNoItem || verdict->header != 0) return;
     const int64_t full = in.cols / 8;
     for (int64_t k = lane; k < full; k += 32) reinterpret_cast<uint4 *>(dst)[k] = make_uint4(0, 0, 0, 0);
     for (int64_t c = full * 8 + lane; c < in.cols; c += 32) dst[c] = 0;
@@ -305,27 +308,49 @@ __global__ void hybrid_backup_from_entries(EntryLists in, ContainerArgs out, con
 // ---- dense -> sparse analysis: rows the compact part cannot hold
 
 /// One warp per row, 256 columns per step (8 per lane): a TwELL tile over S kept values, or a
-/// hybrid row over E; the count of such rows goes to *misses.
-__global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool twell, bool vec,
+/// hybrid row over E; the count of such rows goes to *misses. A step's tiles are counted one by
+/// one only when the whole step keeps more than S values, which sparse rows never do.
+/// `Vec16`: rows of 16-bit values of the container's type on 16 bytes, read as
+/// write_twell_rows16 reads them (the next step's chunk in flight while this one is counted).
+/// An instantiation each, so that the general reader's registers (it converts types) do not
+/// cost the common one its occupancy (one kernel for both took 71 registers against 32).
+template <bool Vec16>
+__global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool twell,
                                      unsigned long long *misses, InspectResult *clear) {
     clear_other_slot(clear);
     const int64_t row = warp_row();
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
+    const int cols = static_cast<int>(out.cols);
     const int lanes_per_tile = twell ? out.tile / 8 : 32;
     const int first = lane & ~(lanes_per_tile - 1);
     bool miss = false;
     int64_t total = 0;
-    for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
-        uint32_t bits[8];
-        const int n = __popc(load8_kept(in, row, c0 + lane * 8, out.cols, out.type, vec, op, bits));
-        const int incl = warp_scan_incl(n);
-        if (twell) {
+    auto count = [&](int n) {  // a step in which this lane keeps n values
+        const int step = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(n)));
+        if (!twell) {
+            total += step;
+        } else if (step > out.slots) {
+            const int incl = warp_scan_incl(n);
             const int tile_count = __shfl_sync(kFullMask, incl, first + lanes_per_tile - 1) -
                                    (__shfl_sync(kFullMask, incl, first) - __shfl_sync(kFullMask, n, first));
             miss |= tile_count > out.slots;
-        } else {
-            total += __shfl_sync(kFullMask, incl, 31);
+        }
+    };
+    if constexpr (Vec16) {
+        const uint16_t *src = static_cast<const uint16_t *>(in.ptr) + row * in.rs;
+        const uint32_t nan_bias = nan_bias16(out.type);
+        const bool relu = op == TW_CONVERT_RELU;
+        uint4 next = load8_row16(src, lane * 8, cols);
+        for (int c0 = 0; c0 < cols; c0 += 256) {
+            const uint4 q = next;
+            if (c0 + 256 < cols) next = load8_row16(src, c0 + 256 + lane * 8, cols);
+            count(__popc(kept8(q, nan_bias, relu)));
+        }
+    } else {
+        for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
+            uint32_t bits[8];
+            count(__popc(load8_kept(in, row, c0 + lane * 8, out.cols, out.type, false, op, bits)));
         }
     }
     miss = twell ? __any_sync(kFullMask, miss) : total > out.ell_width;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/dependent_launch.cuh"
 #include "kernels/container_args.cuh"
 
 namespace twblas::cuda {
@@ -184,10 +185,12 @@ __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const Co
 /// TwELL validation in one launch: blocks below `row_blocks` check a row a warp (lanes over its
 /// tiles) for the first failing row, the others the record (one launch fewer than a kernel each:
 /// ~3.6 us of host time a launch on an H100, bench/probes/readback_probe.cu). `vec`: the buffer
-/// is 16-byte aligned (blocks then are too: a block is a multiple of eight words).
+/// is 16-byte aligned (blocks then are too: a block is a multiple of eight words). A dependent
+/// launch after it (twell_rows_to_dense) may start once all its blocks have.
 constexpr int kCheckThreads = 128;
 __global__ void __launch_bounds__(kCheckThreads) twell_check(ContainerArgs c, bool vec, int64_t row_blocks,
                                                              InspectResult *out, InspectResult *clear) {
+    allow_dependent_launch();
     clear_other_slot(clear);
     if (blockIdx.x >= row_blocks) return twell_check_record(c, blockIdx.x - row_blocks, gridDim.x - row_blocks, out);
     __shared__ uint32_t seen[kCheckThreads][8];
