@@ -492,7 +492,9 @@ GpuForward forward_on_gpu(int device, const FfnCase &c, const Dense &x, const De
             for (int i = 0; i < repeats && out.error.empty(); ++i) tw(twSpGEMMFused(h, ffn, X, Y, nullptr, ws), "twSpGEMMFused");
             std::vector<uint16_t> half(y_elems);
             std::vector<uint32_t> full(y_elems);
-            if (out.error.empty() && cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize") &&
+            // the handle's stream (the legacy default one), not cudaDeviceSynchronize: that fails
+            // while another thread's FFN captures its call graph (docs/api-guide.md, eager calls)
+            if (out.error.empty() && cuda(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize") &&
                 cuda(cudaMemcpy(c.type == TW_R_32F ? static_cast<void *>(full.data()) : half.data(), y, y_bytes,
                                 cudaMemcpyDeviceToHost),
                      "cudaMemcpy")) {

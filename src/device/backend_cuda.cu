@@ -104,11 +104,7 @@ class CudaBackend final : public Backend {
     }
     twStatus_t dense_to_sparse_convert(const twDnMatDescr &in, const twSpMatDescr &out, twConvertOp_t op,
                                        void *workspace) override {
-        cuda::require_device_accessible(in.values, "in");
-        cuda::require_device_accessible(out.buffer, "out");
-        cuda::require_device_accessible(workspace, "workspace");
-        cuda::write_sparse(stream(), cuda::matrix_arg(in), op, out, workspace);
-        return containers_.capacity_status(stream(), out);
+        return containers_.dense_to_sparse_convert(stream(), in, out, op, workspace);
     }
     twStatus_t sparse_to_dense(const twSpMatDescr &in, const twDnMatDescr &out) override {
         return containers_.sparse_to_dense(stream(), in, out);
@@ -210,7 +206,7 @@ class CudaBackend final : public Backend {
 
     void *const *stream_slot_;
     cuda::DeviceInfo device_;
-    cuda::ContainerOps containers_{device_.pdl};
+    cuda::ContainerOps containers_{device_};
     cuda::GemmRunner gemm_;  // the building blocks' cuBLASLt plans
 };
 

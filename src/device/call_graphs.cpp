@@ -45,6 +45,11 @@ void CallGraphs::abandon_capture() {
     (void)cudaGetLastError();
 }
 
+bool CallGraphs::capture_invalidated() const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(capture_stream_, &status) == cudaSuccess && status == cudaStreamCaptureStatusInvalidated;
+}
+
 cudaGraphExec_t CallGraphs::end_capture() {
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(capture_stream_, &graph);

@@ -59,15 +59,18 @@ class CallGraphs {
         }
         if (!e->exec) {
             begin_capture();
+            bool invalidated = false;  // by another thread's device synchronisation: not this call's error
             try {
                 enqueue(capture_stream_);
             } catch (...) {
+                invalidated = capture_invalidated();
                 abandon_capture();
-                throw;
+                if (!invalidated) throw;
             }
-            e->exec = end_capture();
-            if (!e->exec) {  // not capturable here: from now on every call runs directly
-                disabled_ = true;
+            e->exec = invalidated ? nullptr : end_capture();
+            if (!e->exec) {  // this call runs directly; after kMaxFailedCaptures every call does
+                // (a capture also fails when another thread synchronises the device meanwhile)
+                disabled_ = ++failed_captures_ >= kMaxFailedCaptures;
                 enqueue(stream);
                 return;
             }
@@ -92,6 +95,7 @@ class CallGraphs {
     Entry &insert(const CallKey &key);
     void begin_capture();
     void abandon_capture();
+    bool capture_invalidated() const;
     cudaGraphExec_t end_capture();
     void launch(Entry &e, cudaStream_t stream);
 
@@ -99,7 +103,9 @@ class CallGraphs {
     std::vector<Entry> entries_;
     uint64_t clock_ = 0;
     cudaStream_t capture_stream_ = nullptr;
-    bool disabled_ = false;  // a capture failed once: every call runs directly
+    static constexpr int kMaxFailedCaptures = 3;
+    int failed_captures_ = 0;
+    bool disabled_ = false;  // captures failed kMaxFailedCaptures times: every call runs directly
 };
 
 }  // namespace twblas::cuda

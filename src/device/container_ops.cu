@@ -131,8 +131,10 @@ Lists transpose_lists(cudaStream_t stream, StreamScratch &scratch, const Lists &
     return out;
 }
 
-/// Writes every row of `out` from the lists, with the record / backup slots in row order.
-void write_lists(cudaStream_t stream, StreamScratch &scratch, const Lists &in, const twSpMatDescr &out) {
+/// Writes every row of `out` from the lists, with the record / backup slots in row order (their
+/// count also into `published`).
+void write_lists(cudaStream_t stream, StreamScratch &scratch, const Lists &in, const twSpMatDescr &out,
+                 int32_t *published) {
     const ContainerArgs c = container_args(out);
     const bool twell = out.format == TW_FORMAT_TWELL;
     if (out.rows == 0) return write_empty(stream, out);
@@ -142,7 +144,7 @@ void write_lists(cudaStream_t stream, StreamScratch &scratch, const Lists &in, c
     else
         hybrid_from_entries<<<row_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(in.lists, c, flags);
     check_launch("container from entries");
-    assign_overflow_slots(stream, flags, out);
+    assign_overflow_slots(stream, flags, out, published);
     if (!twell) {
         hybrid_backup_from_entries<<<static_cast<unsigned>(out.rows), 256, 0, stream>>>(in.lists, c, flags);
         check_launch("hybrid_backup_from_entries");
@@ -162,11 +164,14 @@ size_t dense_bytes_of(const twDnMatDescr &d) {
 
 }  // namespace
 
-ContainerOps::ContainerOps(bool pdl) : result_(2 * sizeof(InspectResult)), pdl_(pdl) {
+ContainerOps::ContainerOps(const DeviceInfo &device)
+    : result_(2 * sizeof(InspectResult)), pdl_(device.pdl), full_grid_(16 * static_cast<unsigned>(device.sm_count)) {
     // both slots clear before the first call (setup: a blocking copy)
     const InspectResult clear[2] = {clear_result(), clear_result()};
     check(cudaMemcpy(result_.get(), clear, sizeof clear, cudaMemcpyHostToDevice), "cudaMemcpy");
 }
+
+unsigned ContainerOps::stride_blocks(int64_t rows) const { return std::min(row_blocks(rows), full_grid_); }
 
 ContainerOps::Slots ContainerOps::slots() const {
     auto *r = result_.get<InspectResult>();
@@ -185,12 +190,11 @@ void ContainerOps::read_back(cudaStream_t stream, void *dst, const void *src, si
 twSpMatInfo_t ContainerOps::info(cudaStream_t stream, const twSpMatDescr &s) {
     require_device_accessible(s.buffer, "descr");
     const Slots r = slots();
-    container_info<<<row_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(container_args(s), s.format == TW_FORMAT_TWELL,
-                                                                         r.use, r.clear);
+    container_info<<<stride_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(container_args(s), s.format == TW_FORMAT_TWELL,
+                                                                         r.use, r.clear, published<InspectResult>());
     check_launch("container_info");
     advance();
-    InspectResult got{};
-    read_back(stream, &got, r.use, sizeof got);
+    const InspectResult got = read_published<InspectResult>(stream);
     return {static_cast<int64_t>(got.nnz), got.max_row, got.header, 0};
 }
 
@@ -299,22 +303,33 @@ twStatus_t ContainerOps::dense_to_sparse_analysis(cudaStream_t stream, const twD
                                                   twConvertOp_t op) {
     require_device_accessible(in.values, "in");
     const Slots r = slots();
+    unsigned long long n = 0;
     if (in.rows > 0 && in.cols > 0) {
         const auto count = dense_rows_vectorizable(matrix_arg(in), out.type) ? count_compact_misses<true>
                                                                               : count_compact_misses<false>;
-        count<<<row_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(
-            matrix_arg(in), op, container_args(out), out.format == TW_FORMAT_TWELL, &r.use->nnz, r.clear);
+        count<<<stride_blocks(out.rows), 32 * kWarpsPerBlock, 0, stream>>>(
+            matrix_arg(in), op, container_args(out), out.format == TW_FORMAT_TWELL, r.use, r.clear,
+            published<InspectResult>());
         check_launch("count_compact_misses");
         advance();
+        n = read_published<InspectResult>(stream).nnz;
     }
-    unsigned long long n = 0;  // with no launch the slot in use is still clear: 0
-    read_back(stream, &n, &r.use->nnz, sizeof n);
     checks::dense_to_sparse_capacity(out, static_cast<int64_t>(n));
     return TW_STATUS_SUCCESS;
 }
 
+twStatus_t ContainerOps::dense_to_sparse_convert(cudaStream_t stream, const twDnMatDescr &in, const twSpMatDescr &out,
+                                                 twConvertOp_t op, void *workspace) {
+    require_device_accessible(in.values, "in");
+    require_device_accessible(out.buffer, "out");
+    require_device_accessible(workspace, "workspace");
+    write_sparse(stream, matrix_arg(in), op, out, workspace, {}, published<int32_t>());
+    return capacity_status(stream, out);
+}
+
 twStatus_t ContainerOps::capacity_status(cudaStream_t stream, const twSpMatDescr &out) {
-    const int64_t needed = read_one<int32_t>(stream, static_cast<const uint8_t *>(out.buffer), overflow_count_offset(out));
+    if (out.rows == 0) return TW_STATUS_SUCCESS;  // write_empty: the count is 0
+    const int64_t needed = read_published<int32_t>(stream);
     const int64_t lost = out.format == TW_FORMAT_TWELL ? static_cast<int64_t>(static_cast<uint32_t>(needed))
                                                        : std::max<int64_t>(0, needed - out.hybrid.backup_rows);
     return lost > 0 ? TW_STATUS_CAPACITY_EXCEEDED : TW_STATUS_SUCCESS;  // the C boundary words the message
@@ -331,8 +346,8 @@ twStatus_t ContainerOps::sparse_to_dense(cudaStream_t stream, const twSpMatDescr
         const InspectResult *verdict = launch_validation(stream, in);
         launch_dependent(twell_rows_to_dense, dim3(row_blocks(in.rows)), dim3(32 * kWarpsPerRowBlock), 0, stream, pdl_,
                          "cudaLaunchKernelEx(twell_rows_to_dense)", container_args(in), dense,
-                         reinterpret_cast<uintptr_t>(in.buffer) % 16 == 0, verdict);
-        const InspectResult r = fetch_result(stream, verdict);
+                         reinterpret_cast<uintptr_t>(in.buffer) % 16 == 0, verdict, published<InspectResult>());
+        const InspectResult r = read_published<InspectResult>(stream);
         report(stream, in, "in", r);
         complete_verdict(in, r);
         return TW_STATUS_SUCCESS;
@@ -354,7 +369,7 @@ twStatus_t ContainerOps::sparse_convert(cudaStream_t stream, const twSpMatDescr 
     require_device_accessible(out.buffer, "out");
     require_complete(stream, in);
     StreamScratch scratch(stream);
-    write_lists(stream, scratch, read_lists(stream, scratch, in), out);
+    write_lists(stream, scratch, read_lists(stream, scratch, in), out, published<int32_t>());
     return capacity_status(stream, out);
 }
 
@@ -362,7 +377,8 @@ twStatus_t ContainerOps::sparse_transpose(cudaStream_t stream, const twSpMatDesc
     require_device_accessible(out.buffer, "out");
     require_complete(stream, in);
     StreamScratch scratch(stream);
-    write_lists(stream, scratch, transpose_lists(stream, scratch, read_lists(stream, scratch, in), in.cols), out);
+    write_lists(stream, scratch, transpose_lists(stream, scratch, read_lists(stream, scratch, in), in.cols), out,
+                published<int32_t>());
     return capacity_status(stream, out);
 }
 

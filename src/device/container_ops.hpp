@@ -12,8 +12,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
+#include "common/check.hpp"
 #include "common/device_buffer.hpp"
+#include "common/device_info.hpp"
 #include "host/objects.hpp"
 
 namespace twblas::cuda {
@@ -22,23 +25,44 @@ struct InspectResult;
 
 class ContainerOps {
   public:
-    /// `pdl`: the GPU takes programmatic dependent launches (DeviceInfo::pdl).
-    explicit ContainerOps(bool pdl);
+    explicit ContainerOps(const DeviceInfo &device);
     twSpMatInfo_t info(cudaStream_t stream, const twSpMatDescr &s);
     /// Throws INVALID_VALUE with the reference's message for the first violation, naming `name`.
     void validate(cudaStream_t stream, const twSpMatDescr &s, const char *name);
     /// The reference's capacity verdict on `in` (op), counted on the device.
     twStatus_t dense_to_sparse_analysis(cudaStream_t stream, const twDnMatDescr &in, const twSpMatDescr &out,
                                         twConvertOp_t op);
-    /// After a device conversion into `out`: CAPACITY_EXCEEDED when its record or backup count
-    /// says rows did not fit (reads 4 bytes back: synchronises). Returned, not thrown, as the
-    /// reference does, so that the C boundary words the same message from twSpMatGetInfo.
-    twStatus_t capacity_status(cudaStream_t stream, const twSpMatDescr &out);
+    /// The dense -> sparse writer into `out`, then capacity_status.
+    twStatus_t dense_to_sparse_convert(cudaStream_t stream, const twDnMatDescr &in, const twSpMatDescr &out,
+                                       twConvertOp_t op, void *workspace);
     twStatus_t sparse_to_dense(cudaStream_t stream, const twSpMatDescr &in, const twDnMatDescr &out);
     twStatus_t sparse_convert(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out);
     twStatus_t sparse_transpose(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out);
 
   private:
+    /// Blocks of 4 warps for a kernel whose warps take the rows in turn: one per 4 rows, at most
+    /// full_grid_.
+    unsigned stride_blocks(int64_t rows) const;
+    /// After a device conversion into `out` whose overflow count went to published<int32_t>()
+    /// too (or that has no rows): CAPACITY_EXCEEDED when it says rows did not fit (synchronises).
+    /// Returned, not thrown, as the reference does, so that the C boundary words the same message
+    /// from twSpMatGetInfo.
+    twStatus_t capacity_status(cudaStream_t stream, const twSpMatDescr &out);
+    /// Where a kernel leaves the few bytes that decide a setup call's status for the host: the
+    /// mapped staging memory, read after the stream's work with no copy queued behind it (a
+    /// kernel + sync took 12.7 us on an H100 against 16.0 with a pinned copy after it,
+    /// bench/results/h100-readback-probe-2026-11-25.txt).
+    template <class T> T *published() const {
+        static_assert(sizeof(T) <= sizeof(Staging), "what is published fits the staging memory");
+        return reinterpret_cast<T *>(staging_.device());
+    }
+    /// Waits for the stream's work, then reads what its kernels published.
+    template <class T> T read_published(cudaStream_t stream) {
+        check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        T v;
+        std::memcpy(&v, const_cast<const Staging *>(staging_.host())->bytes, sizeof v);
+        return v;
+    }
     /// Validates `in` and refuses one that records rows it could not hold (INCOMPLETE_INPUT).
     void require_complete(cudaStream_t stream, const twSpMatDescr &in);
     /// validate(), returning what the device found (the record / backup count included).
@@ -72,7 +96,8 @@ class ContainerOps {
     };
     DeviceBuffer result_;     // two InspectResult slots, used in turn by the calls (they synchronise)
     int slot_ = 0;            // the slot the next call uses
-    bool pdl_;
+    bool pdl_;                // DeviceInfo::pdl: twell_rows_to_dense by programmatic dependent launch
+    unsigned full_grid_;      // blocks of 4 warps that fill the GPU once (16 an SM)
     MappedHost<Staging> staging_;  // the pinned landing place of every small read-back
 };
 

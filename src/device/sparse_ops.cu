@@ -77,7 +77,7 @@ void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, const DeviceInfo &dev
 size_t sparse_writer_workspace(const twSpMatDescr &out) { return static_cast<size_t>(out.rows) * 4 + 256; }
 
 void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, const twSpMatDescr &out,
-                  void *workspace, const ActiveMask &mask) {
+                  void *workspace, const ActiveMask &mask, int32_t *published) {
     if (out.rows == 0) return write_empty(stream, out);
     const ContainerArgs args = container_args(out);
     auto *flags = static_cast<int32_t *>(workspace);
@@ -94,7 +94,7 @@ void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, co
     else
         write_hybrid_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, mask, op, args, vec, flags);
     check_launch("write_sparse rows");
-    assign_overflow_slots(stream, flags, out);
+    assign_overflow_slots(stream, flags, out, published);
     if (!twell) {
         write_hybrid_backup<<<static_cast<unsigned>(out.rows), 256, 0, stream>>>(in, mask, op, args, flags);
         check_launch("write_hybrid_backup");
@@ -105,9 +105,9 @@ void write_empty(cudaStream_t stream, const twSpMatDescr &out) {
     check(cudaMemsetAsync(static_cast<uint8_t *>(out.buffer) + overflow_count_offset(out), 0, 4, stream), "cudaMemsetAsync");
 }
 
-void assign_overflow_slots(cudaStream_t stream, int32_t *flags, const twSpMatDescr &out) {
+void assign_overflow_slots(cudaStream_t stream, int32_t *flags, const twSpMatDescr &out, int32_t *published) {
     assign_flagged_rows<<<1, kScanThreads, 0, stream>>>(flags, out.rows, container_args(out),
-                                                        out.format == TW_FORMAT_TWELL);
+                                                        out.format == TW_FORMAT_TWELL, published);
     check_launch("assign_flagged_rows");
 }
 

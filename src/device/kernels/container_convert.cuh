@@ -85,20 +85,24 @@ __global__ void scatter_to_dense(ContainerArgs in, bool twell, MatrixArg out) {
 /// stream right after the validation kernel: it writes nothing unless its verdict is "valid and
 /// complete" (so the host reads one result back for both, and the output stays untouched on a
 /// refusal). Launched dependent on the validation (PDL), it loads its first blocks, then waits
-/// for the verdict. `vec`: the container's buffer is 16-byte aligned.
+/// for the verdict, which its first thread publishes to the host (`published`, mapped memory).
+/// `vec`: the container's buffer is 16-byte aligned.
 constexpr int kWarpsPerRowBlock = 4;
 __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(ContainerArgs in, MatrixArg out, bool vec,
-                                                                              const InspectResult *verdict) {
+                                                                              const InspectResult *verdict,
+                                                                              InspectResult *published) {
     const int64_t row = warp_row();
-    if (row >= in.rows) return;
     const int lane = static_cast<int>(lane_id());
     const uint32_t *words = twell_row_words(in, row);
-    auto *dst = static_cast<uint16_t *>(out.ptr) + row * out.rs;
     const int64_t tiles = twell_tiles(in);
     uint32_t head[8] = {};
-    if (lane < tiles) load_block_head(words + lane * in.words_per_block, vec, head);  // the validation only reads them
+    if (row < in.rows && lane < tiles)
+        load_block_head(words + lane * in.words_per_block, vec, head);  // the validation only reads them
     wait_for_prior_grid();
+    if (blockIdx.x == 0 && threadIdx.x == 0) *published = *verdict;
+    if (row >= in.rows) return;
     if (verdict->first_item != kNoItem || verdict->first_row != kNoItem || verdict->header != 0) return;
+    auto *dst = static_cast<uint16_t *>(out.ptr) + row * out.rs;
     const int64_t full = in.cols / 8;
     for (int64_t k = lane; k < full; k += 32) reinterpret_cast<uint4 *>(dst)[k] = make_uint4(0, 0, 0, 0);
     for (int64_t c = full * 8 + lane; c < in.cols; c += 32) dst[c] = 0;
@@ -307,20 +311,16 @@ __global__ void hybrid_backup_from_entries(EntryLists in, ContainerArgs out, con
 
 // ---- dense -> sparse analysis: rows the compact part cannot hold
 
-/// One warp per row, 256 columns per step (8 per lane): a TwELL tile over S kept values, or a
-/// hybrid row over E; the count of such rows goes to *misses. A step's tiles are counted one by
-/// one only when the whole step keeps more than S values, which sparse rows never do.
-/// `Vec16`: rows of 16-bit values of the container's type on 16 bytes, read as
-/// write_twell_rows16 reads them (the next step's chunk in flight while this one is counted).
-/// An instantiation each, so that the general reader's registers (it converts types) do not
-/// cost the common one its occupancy (one kernel for both took 71 registers against 32).
+/// Whether a row does not fit the compact part, by its warp: a TwELL tile over S kept values, or
+/// a hybrid row over E; 256 columns per step (8 per lane). A step's tiles are counted one by one
+/// only when the whole step keeps more than S values, which sparse rows never do. `Vec16`: rows
+/// of 16-bit values of the container's type on 16 bytes, read as write_twell_rows16 reads them
+/// (the next step's chunk in flight while this one is counted). An instantiation each, so that
+/// the general reader's registers (it converts types) do not cost the common one its occupancy
+/// (one kernel for both took 71 registers against 32).
 template <bool Vec16>
-__global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool twell,
-                                     unsigned long long *misses, InspectResult *clear) {
-    clear_other_slot(clear);
-    const int64_t row = warp_row();
-    if (row >= out.rows) return;
-    const int lane = static_cast<int>(lane_id());
+__device__ inline bool count_row_misses(const MatrixArg &in, twConvertOp_t op, const ContainerArgs &out, bool twell,
+                                        int64_t row, int lane) {
     const int cols = static_cast<int>(out.cols);
     const int lanes_per_tile = twell ? out.tile / 8 : 32;
     const int first = lane & ~(lanes_per_tile - 1);
@@ -353,8 +353,25 @@ __global__ void count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerAr
             count(__popc(load8_kept(in, row, c0 + lane * 8, out.cols, out.type, false, op, bits)));
         }
     }
-    miss = twell ? __any_sync(kFullMask, miss) : total > out.ell_width;
-    if (lane == 0 && miss) atomicAdd(misses, 1ull);
+    return twell ? __any_sync(kFullMask, miss) : total > out.ell_width;
+}
+
+/// A warp per row, the rows in turn over a capped grid (as container_info's): the rows that do not
+/// fit go to result->nnz, which the last warp publishes. The 16-bit reader is held to 32
+/// registers, so that the 16 blocks an SM of that grid are all resident at once.
+template <bool Vec16>
+__global__ void __launch_bounds__(128, Vec16 ? 16 : 8) count_compact_misses(MatrixArg in, twConvertOp_t op, ContainerArgs out, bool twell,
+                                     InspectResult *result, InspectResult *clear, InspectResult *published) {
+    clear_other_slot(clear);
+    const int lane = static_cast<int>(lane_id());
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+    unsigned long long misses = 0;
+    for (int64_t row = warp_row(); row < out.rows; row += warps)
+        misses += count_row_misses<Vec16>(in, op, out, twell, row, lane) ? 1 : 0;
+    if (lane == 0) {
+        if (misses) atomicAdd(&result->nnz, misses);
+        publish_when_last(result, published, static_cast<unsigned long long>(warps));
+    }
 }
 
 }  // namespace twblas::cuda

@@ -216,10 +216,11 @@ __global__ void write_hybrid_rows(MatrixArg in, ActiveMask mask, twConvertOp_t o
 /// The rows go by in chunks of kScanThreads x kScanRowsPerThread, each thread reading its 16
 /// consecutive flags with four 16-byte loads, then one block scan a chunk: a chunk costs one
 /// round trip. (A thread walking rows / 1024 flags one load at a time, twice, took 11.8 us at
-/// 16384 rows on an H100, ncu.)
+/// 16384 rows on an H100, ncu.) `published` (or null): host memory the count also goes to, for a
+/// setup call's status.
 constexpr int kScanThreads = 1024, kScanRowsPerThread = 16;
 __global__ void __launch_bounds__(kScanThreads) assign_flagged_rows(int32_t *flags, int64_t rows, ContainerArgs out,
-                                                                    bool twell) {
+                                                                    bool twell, int32_t *published) {
     using Scan = cub::BlockScan<int, kScanThreads>;
     __shared__ typename Scan::TempStorage temp;
     const bool vec = reinterpret_cast<uintptr_t>(flags) % 16 == 0;
@@ -267,6 +268,7 @@ __global__ void __launch_bounds__(kScanThreads) assign_flagged_rows(int32_t *fla
             record[0] = static_cast<uint32_t>(before);
         else
             at<int32_t>(out, out.backup_count)[0] = before;
+        if (published) *published = before;
     }
 }
 
