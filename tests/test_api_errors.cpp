@@ -1117,13 +1117,24 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
     CHECK(twFfnGetSize(f.ffn, nullptr, nullptr) == TW_STATUS_SUCCESS);
 
     // ---- attributes
-    const char *attr_names[] = {"TW_FFN_ATTR_TILE_WIDTH", "TW_FFN_ATTR_COMPRESSION",
-                                "TW_FFN_ATTR_COMPUTE_MODE", "TW_FFN_ATTR_DETERMINISTIC", "TW_FFN_ATTR_SAVE_DENSE"};
-    const int32_t defaults[] = {256, 8, TW_COMPUTE_DEFAULT, 0, 0};
-    constexpr int kAttributes = 5;
-    auto reset = [&defaults](twFfnDescr_t ffn) {
-        for (int i = 0; i < kAttributes; ++i)
-            twFfnSetAttribute(ffn, static_cast<twFfnAttribute_t>(i), &defaults[i], sizeof(int32_t));
+    struct IntAttribute {
+        twFfnAttribute_t attr;
+        const char *name;
+        int32_t default_value;
+    };
+    const std::vector<IntAttribute> int_attributes = {{TW_FFN_ATTR_TILE_WIDTH, "TW_FFN_ATTR_TILE_WIDTH", 256},
+                                                      {TW_FFN_ATTR_COMPRESSION, "TW_FFN_ATTR_COMPRESSION", 8},
+                                                      {TW_FFN_ATTR_COMPUTE_MODE, "TW_FFN_ATTR_COMPUTE_MODE", TW_COMPUTE_DEFAULT},
+                                                      {TW_FFN_ATTR_DETERMINISTIC, "TW_FFN_ATTR_DETERMINISTIC", 0},
+                                                      {TW_FFN_ATTR_SAVE_DENSE, "TW_FFN_ATTR_SAVE_DENSE", 0},
+                                                      {TW_FFN_ATTR_CALL_GRAPHS, "TW_FFN_ATTR_CALL_GRAPHS", 1}};
+    auto attr_name = [&int_attributes](twFfnAttribute_t attr) {
+        for (const IntAttribute &a : int_attributes)
+            if (a.attr == attr) return std::string(a.name);
+        return std::string("?");
+    };
+    auto reset = [&int_attributes](twFfnDescr_t ffn) {
+        for (const IntAttribute &a : int_attributes) twFfnSetAttribute(ffn, a.attr, &a.default_value, sizeof(int32_t));
     };
     struct SetArgs {
         twHandle_t h;
@@ -1150,30 +1161,31 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
         {TW_FFN_ATTR_COMPRESSION, {3, 0, 1, 16}},
         {TW_FFN_ATTR_COMPUTE_MODE, {9, 3, -1}},
         {TW_FFN_ATTR_DETERMINISTIC, {2, -1}},
-        {TW_FFN_ATTR_SAVE_DENSE, {2, -1}}};
+        {TW_FFN_ATTR_SAVE_DENSE, {2, -1}},
+        {TW_FFN_ATTR_CALL_GRAPHS, {2, -1}}};
     for (const auto &[attr, values] : invalid_values)
         for (int32_t v : values) {
             const twFfnAttribute_t at = attr;
-            set_suite.bad(std::string(attr_names[at]) + " = " + std::to_string(v),
-                          [at, v](SetArgs &a) { a.attr = at; a.v = v; }, kInvalid,
-                          {std::string("value|") + attr_names[at]});
+            set_suite.bad(attr_name(at) + " = " + std::to_string(v), [at, v](SetArgs &a) { a.attr = at; a.v = v; },
+                          kInvalid, {std::string("value|") + attr_name(at)});
         }
     set_suite.run();
     {  // a failed set leaves the attribute; valid values read back
-        for (int i = 0; i < kAttributes; ++i) {
+        for (const IntAttribute &a : int_attributes) {
             int32_t got = -1;
-            REQUIRE(twFfnGetAttribute(f.ffn, static_cast<twFfnAttribute_t>(i), &got, sizeof got) == TW_STATUS_SUCCESS);
-            CHECK(got == defaults[i]);
+            REQUIRE(twFfnGetAttribute(f.ffn, a.attr, &got, sizeof got) == TW_STATUS_SUCCESS);
+            CHECK(got == a.default_value);
         }
         const std::vector<std::pair<twFfnAttribute_t, std::vector<int32_t>>> valid = {
             {TW_FFN_ATTR_TILE_WIDTH, {64, 128, 256}},
             {TW_FFN_ATTR_COMPRESSION, {2, 4, 8}},
             {TW_FFN_ATTR_COMPUTE_MODE, {TW_COMPUTE_HIGHEST_PRECISION, TW_COMPUTE_DEFAULT}},
             {TW_FFN_ATTR_DETERMINISTIC, {1, 0}},
-            {TW_FFN_ATTR_SAVE_DENSE, {1, 0}}};
+            {TW_FFN_ATTR_SAVE_DENSE, {1, 0}},
+            {TW_FFN_ATTR_CALL_GRAPHS, {0, 1}}};
         for (const auto &[attr, values] : valid)
             for (int32_t v : values) {
-                INFO(attr_names[attr] << " = " << v);
+                INFO(attr_name(attr) << " = " << v);
                 CHECK(twFfnSetAttribute(f.ffn, attr, &v, sizeof v) == TW_STATUS_SUCCESS);
                 int32_t got = -1;
                 CHECK(twFfnGetAttribute(f.ffn, attr, &got, sizeof got) == TW_STATUS_SUCCESS);

@@ -5,6 +5,7 @@
 // program is skipped (cuda_test_main.cpp).
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <thread>
 
 #include "cuda_test_support.hpp"
@@ -513,6 +514,56 @@ GpuForward forward_on_gpu(int device, const FfnCase &c, const Dense &x, const De
 }
 
 }  // namespace
+
+TEST_CASE("CUDA FFN: eager calls with and without call graphs give the reference's bits", "[cuda]") {
+    // Three calls an argument set (first sight, capture, replay), over more argument sets than an
+    // FFN keeps graphs of (8), with TW_FFN_ATTR_CALL_GRAPHS 1 and 0 (every call launched
+    // directly); small-integer data, so every sum is exact.
+    FfnCase c;
+    c.integers = true;
+    c.m = 33;
+    c.d = 72;
+    c.h = 300;
+    c.seed = 29;
+    const FfnData data = make_data(c);
+    const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
+    Dense x(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type);
+    x.fill(data.x);
+    wg.fill(data.wg);
+    wu.fill(data.wu);
+    wd.fill(data.wd);
+    for (int32_t graphs : {1, 0}) {
+        DYNAMIC_SECTION("TW_FFN_ATTR_CALL_GRAPHS " << graphs) {
+            Handle h(TW_BACKEND_CUDA);
+            Buffers buf(TW_BACKEND_CUDA);
+            twFfnDescr_t ffn = nullptr;
+            TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, buf.input(wg), buf.input(wu), buf.input(wd)));
+            REQUIRE(twFfnSetAttribute(ffn, TW_FFN_ATTR_CALL_GRAPHS, &graphs, sizeof graphs) == TW_STATUS_SUCCESS);
+            const twDnMatDescr_t X = buf.input(x);
+            constexpr int kOutputs = 10;
+            std::vector<std::unique_ptr<Dense>> ys;
+            std::vector<twDnMatDescr_t> Y;
+            for (int i = 0; i < kOutputs; ++i) {
+                ys.push_back(std::make_unique<Dense>(c.m, c.d, c.type));
+                ys.back()->poison();
+                Y.push_back(buf.output(*ys.back()));
+            }
+            size_t ws_bytes = 0;
+            TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y[0], &ws_bytes));
+            void *ws = buf.memory(ws_bytes);
+            for (int i = 0; i < kOutputs; ++i)
+                for (int call = 0; call < 3; ++call) TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y[static_cast<size_t>(i)], nullptr, ws));
+            buf.fetch();
+            for (int i = 0; i < kOutputs; ++i) {
+                std::vector<uint32_t> bits;
+                for (int64_t r = 0; r < c.m; ++r)
+                    for (int64_t col = 0; col < c.d; ++col) bits.push_back(ys[static_cast<size_t>(i)]->bits(r, col));
+                CHECK(bits == cpu.y_bits);
+            }
+            twDestroyFfn(ffn);
+        }
+    }
+}
 
 TEST_CASE("CUDA: threads on every GPU, each with its own handle and FFN, give the reference's bits", "[cuda][multi-gpu]") {
     // small-integer data: every sum is exact, so each GPU must give the CPU reference's bits; two

@@ -226,6 +226,10 @@ twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, const void
                 if (v != 0 && v != 1) fail(TW_STATUS_INVALID_VALUE, "value: save_dense must be 0 or 1, got %d", v);
                 f.save_dense = v;
                 break;
+            case TW_FFN_ATTR_CALL_GRAPHS:
+                if (v != 0 && v != 1) fail(TW_STATUS_INVALID_VALUE, "value: call_graphs must be 0 or 1, got %d", v);
+                f.call_graphs = v;
+                break;
             default: fail(TW_STATUS_INVALID_VALUE, "attr: %d is not a twFfnAttribute_t", static_cast<int>(attr));
         }
         return TW_STATUS_SUCCESS;
@@ -249,6 +253,7 @@ twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, void *valu
             case TW_FFN_ATTR_COMPUTE_MODE: v = f.compute_mode; break;
             case TW_FFN_ATTR_DETERMINISTIC: v = f.deterministic; break;
             case TW_FFN_ATTR_SAVE_DENSE: v = f.save_dense; break;
+            case TW_FFN_ATTR_CALL_GRAPHS: v = f.call_graphs; break;
             default: fail(TW_STATUS_INVALID_VALUE, "attr: %d is not a twFfnAttribute_t", static_cast<int>(attr));
         }
         std::memcpy(value, &v, sizeof v);

@@ -78,6 +78,7 @@ module twblas
     integer(c_int), parameter, public :: TW_FFN_ATTR_SAVE_DENSE = 4
     integer(c_int), parameter, public :: TW_FFN_ATTR_L1_OUTPUT = 5
     integer(c_int), parameter, public :: TW_FFN_ATTR_L1_COEFF_POINTER = 6
+    integer(c_int), parameter, public :: TW_FFN_ATTR_CALL_GRAPHS = 7
 
     ! ---- twComputeMode_t ----------------------------------------------------------------------
     integer(c_int), parameter, public :: TW_COMPUTE_DEFAULT = 0

@@ -300,8 +300,12 @@ typedef enum {
                                         of every token (see twSpGEMMFusedSaved_bufferSize) */
     TW_FFN_ATTR_L1_OUTPUT = 5,     /**< float *, backend memory, 4-byte aligned, default NULL:
                                         where every forward also writes its l1 (below) */
-    TW_FFN_ATTR_L1_COEFF_POINTER = 6 /**< const float *, backend memory, 4-byte aligned, default
+    TW_FFN_ATTR_L1_COEFF_POINTER = 6, /**< const float *, backend memory, 4-byte aligned, default
                                         NULL: where the backward reads l1Coeff (below) */
+    TW_FFN_ATTR_CALL_GRAPHS = 7    /**< int32 0/1, default 1: twSpGEMMFused on CUDA captures the
+                                        kernels of an argument set seen twice into a CUDA graph
+                                        and replays it (one graph launch of host time a call);
+                                        0: every call launches its kernels (below) */
 } twFfnAttribute_t;
 /** The two pointer attributes let a training loop run without reading anything back per layer
  *  (a framework's l1 output and the l1 gradient it receives both live on the device):
@@ -313,7 +317,11 @@ typedef enum {
  *    during the call). That value is not checked: a non-finite one gives non-finite gradients.
  *  Both addresses are taken when a call is made (a captured CUDA graph keeps the addresses it
  *  was captured with); NULL turns either off. A CUDA FFN needs device-accessible addresses
- *  (INVALID_VALUE from the call otherwise, before anything is written). */
+ *  (INVALID_VALUE from the call otherwise, before anything is written).
+ *  TW_FFN_ATTR_CALL_GRAPHS: a capture runs on a private stream for tens of microseconds, once per
+ *  argument set; CUDA refuses cudaDeviceSynchronize from any thread while it runs (and the
+ *  driver has been seen to crash in it). A program whose threads synchronise the whole device
+ *  while others call twblas eagerly sets 0. The CPU backend takes the value and ignores it. */
 /** DEFAULT rounds g, u, h to the value type as dense PyTorch does; HIGHEST_PRECISION keeps
  *  every intermediate in fp32. Accumulation is fp32 or better in both. */
 typedef enum {

@@ -47,8 +47,13 @@ class CallGraphs {
 
     /// Enqueues the work of `enqueue(s)` on `stream`: replays the graph of `key` when there is
     /// one; the second time a key is seen, captures `enqueue` into a graph and launches it; else
-    /// (first sight, a capturing `stream`, or capture unavailable) calls enqueue(stream) directly.
-    template <class F> void run(cudaStream_t stream, const CallKey &key, F &&enqueue) {
+    /// (first sight, a capturing `stream`, capture unavailable, or not `allowed`: the FFN's
+    /// TW_FFN_ATTR_CALL_GRAPHS) calls enqueue(stream) directly.
+    template <class F> void run(cudaStream_t stream, const CallKey &key, bool allowed, F &&enqueue) {
+        if (!allowed) {
+            enqueue(stream);
+            return;
+        }
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
         Entry *e = disabled_ || status != cudaStreamCaptureStatusNone ? nullptr : find(key);

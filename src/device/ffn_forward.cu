@@ -579,7 +579,7 @@ void ffn_forward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr 
         if (hidden) require_device_accessible(hidden->buffer, "hidden");
         require_device_accessible(workspace, "workspace");
     }
-    st.calls.run(stream, key, [&](cudaStream_t s) {
+    st.calls.run(stream, key, ffn.call_graphs != 0, [&](cudaStream_t s) {
         by_type(p.type, [&](auto tag) { enqueue_inference<decltype(tag)>(s, st, p, path, x, y, hidden, workspace); });
     });
 }
