@@ -11,7 +11,7 @@
 //   g++ -std=c++17 -O1 -g -rdynamic -Iinclude -Ibuild/include -I/usr/local/cuda/include \
 //       bench/probes/capture_sync_probe.cpp -o capture_sync_probe -Lbuild/src -ltwblas \
 //       -L/usr/local/cuda/lib64 -lcudart -lpthread
-// Run: capture_sync_probe [rounds, default 3]
+// Run: capture_sync_probe [rounds, default 3] [graphs: 1 default, 0 sets TW_FFN_ATTR_CALL_GRAPHS 0]
 #include <cuda_runtime.h>
 #include <execinfo.h>
 #include <signal.h>
@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
     signal(SIGABRT, print_backtrace);
     const int64_t m = 33, d = 72, h = 300;
     const int rounds = argc > 1 ? atoi(argv[1]) : 3;
+    const int32_t graphs = argc > 2 ? atoi(argv[2]) : 1;
     std::vector<uint16_t> x(static_cast<size_t>(m * d)), w(static_cast<size_t>(h * d));
     for (size_t i = 0; i < x.size(); ++i) x[i] = i % 7 == 0 ? 0x3f80 : 0;  // bf16 1.0
     for (size_t i = 0; i < w.size(); ++i) w[i] = i % 5 == 0 ? 0x3f80 : (i % 11 == 0 ? 0xbf80 : 0);
@@ -63,6 +64,7 @@ int main(int argc, char **argv) {
         printf("twCreateFfn: %s\n", twGetErrorMessage(handle));
         return 1;
     }
+    twFfnSetAttribute(ffn, TW_FFN_ATTR_CALL_GRAPHS, &graphs, sizeof graphs);
     constexpr int kOutputs = 12;
     std::vector<twDnMatDescr_t> Y;
     for (int i = 0; i < kOutputs; ++i) Y.push_back(device_matrix(m, d, nullptr));
@@ -93,7 +95,7 @@ int main(int argc, char **argv) {
     cudaStreamSynchronize(nullptr);
     done = true;
     syncer.join();
-    printf("rounds %d: %d of %d twblas calls failed, %d device synchronisations refused\n", rounds, failed,
-           rounds * kOutputs * 2, refused.load());
+    printf("rounds %d, call graphs %d: %d of %d twblas calls failed, %d device synchronisations refused\n", rounds,
+           graphs, failed, rounds * kOutputs * 2, refused.load());
     return failed ? 1 : 0;
 }
