@@ -34,10 +34,11 @@ void read_back(cudaStream_t stream, void *dst, const void *src, size_t bytes) {
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
-/// Device memory for one setup call, ordered on its stream (the conversions' APIs have no workspace).
+/// Device memory for one setup call, ordered on its stream (the conversions' APIs have no
+/// workspace), from the handle's pool.
 class StreamScratch {
   public:
-    explicit StreamScratch(cudaStream_t stream) : stream_(stream) {}
+    StreamScratch(cudaStream_t stream, cudaMemPool_t pool) : stream_(stream), pool_(pool) {}
     ~StreamScratch() {
         for (void *p : blocks_) (void)cudaFreeAsync(p, stream_);
     }
@@ -45,9 +46,9 @@ class StreamScratch {
     StreamScratch &operator=(const StreamScratch &) = delete;
     template <class T> T *take(size_t count) {
         void *p = nullptr;
-        if (cudaMallocAsync(&p, std::max<size_t>(1, count * sizeof(T)), stream_) != cudaSuccess) {
+        if (cudaMallocFromPoolAsync(&p, std::max<size_t>(1, count * sizeof(T)), pool_, stream_) != cudaSuccess) {
             (void)cudaGetLastError();
-            fail(TW_STATUS_ALLOC_FAILED, "cudaMallocAsync of %zu bytes failed", count * sizeof(T));
+            fail(TW_STATUS_ALLOC_FAILED, "cudaMallocFromPoolAsync of %zu bytes failed", count * sizeof(T));
         }
         blocks_.push_back(p);
         return static_cast<T *>(p);
@@ -55,6 +56,7 @@ class StreamScratch {
 
   private:
     cudaStream_t stream_;
+    cudaMemPool_t pool_;
     std::vector<void *> blocks_;
 };
 
@@ -164,8 +166,29 @@ size_t dense_bytes_of(const twDnMatDescr &d) {
 
 }  // namespace
 
+ScratchPool::~ScratchPool() {
+    if (pool_) (void)cudaMemPoolDestroy(pool_);
+}
+
+cudaMemPool_t ScratchPool::get() {
+    if (pool_) return pool_;
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    if (cudaMemPoolCreate(&pool_, &props) != cudaSuccess) {
+        (void)cudaGetLastError();
+        pool_ = nullptr;
+        fail(TW_STATUS_ALLOC_FAILED, "cudaMemPoolCreate failed");
+    }
+    uint64_t keep = kKeepBytes;
+    check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+    return pool_;
+}
+
 ContainerOps::ContainerOps(const DeviceInfo &device)
-    : result_(2 * sizeof(InspectResult)), pdl_(device.pdl), full_grid_(16 * static_cast<unsigned>(device.sm_count)) {
+    : result_(2 * sizeof(InspectResult)), pdl_(device.pdl), full_grid_(16 * static_cast<unsigned>(device.sm_count)),
+      scratch_pool_(device.device) {
     // both slots clear before the first call (setup: a blocking copy)
     const InspectResult clear[2] = {clear_result(), clear_result()};
     check(cudaMemcpy(result_.get(), clear, sizeof clear, cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -368,7 +391,7 @@ twStatus_t ContainerOps::sparse_to_dense(cudaStream_t stream, const twSpMatDescr
 twStatus_t ContainerOps::sparse_convert(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out) {
     require_device_accessible(out.buffer, "out");
     require_complete(stream, in);
-    StreamScratch scratch(stream);
+    StreamScratch scratch(stream, scratch_pool_.get());
     write_lists(stream, scratch, read_lists(stream, scratch, in), out, published<int32_t>());
     return capacity_status(stream, out);
 }
@@ -376,7 +399,7 @@ twStatus_t ContainerOps::sparse_convert(cudaStream_t stream, const twSpMatDescr 
 twStatus_t ContainerOps::sparse_transpose(cudaStream_t stream, const twSpMatDescr &in, const twSpMatDescr &out) {
     require_device_accessible(out.buffer, "out");
     require_complete(stream, in);
-    StreamScratch scratch(stream);
+    StreamScratch scratch(stream, scratch_pool_.get());
     write_lists(stream, scratch, transpose_lists(stream, scratch, read_lists(stream, scratch, in), in.cols), out,
                 published<int32_t>());
     return capacity_status(stream, out);

@@ -5,7 +5,7 @@
 // and reads back only the bytes that decide it (and, for a failed validation, the one row or
 // record entry that the message describes). No matrix is ever copied to the host. The sparse ->
 // sparse conversions take temporary device memory for their sorted entry lists, stream-ordered
-// (cudaMallocAsync), since their API has no workspace.
+// (from the handle's own memory pool, ScratchPool), since their API has no workspace.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +22,24 @@
 namespace twblas::cuda {
 
 struct InspectResult;
+
+/// The memory pool of a handle's conversion scratch, made at its first use: memory freed at the
+/// end of a call stays (up to kKeepBytes) for the next one. The device's default pool gives its
+/// free memory back to the driver at every synchronisation (release threshold 0), so every call
+/// allocated afresh; changing the default pool's threshold would change the user's process.
+class ScratchPool {
+  public:
+    static constexpr uint64_t kKeepBytes = uint64_t{256} << 20;
+    explicit ScratchPool(int device) : device_(device) {}
+    ~ScratchPool();  // the driver releases the memory once the last free has run
+    ScratchPool(const ScratchPool &) = delete;
+    ScratchPool &operator=(const ScratchPool &) = delete;
+    cudaMemPool_t get();
+
+  private:
+    int device_;
+    cudaMemPool_t pool_ = nullptr;
+};
 
 class ContainerOps {
   public:
@@ -98,6 +116,7 @@ class ContainerOps {
     int slot_ = 0;            // the slot the next call uses
     bool pdl_;                // DeviceInfo::pdl: twell_rows_to_dense by programmatic dependent launch
     unsigned full_grid_;      // blocks of 4 warps that fill the GPU once (16 an SM)
+    ScratchPool scratch_pool_;  // the sparse -> sparse conversions' temporaries
     MappedHost<Staging> staging_;  // the pinned landing place of every small read-back
 };
 

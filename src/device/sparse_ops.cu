@@ -91,6 +91,8 @@ void write_sparse(cudaStream_t stream, const MatrixArg &in, twConvertOp_t op, co
         write_twell_rows16<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
     else if (twell)
         write_twell_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, mask, op, args, vec, flags);
+    else if (vec && !mask.words)
+        write_hybrid_rows16<<<blocks, 32 * warps_per_block, 0, stream>>>(in, op, args, flags);
     else
         write_hybrid_rows<<<blocks, 32 * warps_per_block, 0, stream>>>(in, mask, op, args, vec, flags);
     check_launch("write_sparse rows");

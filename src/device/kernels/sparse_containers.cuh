@@ -212,6 +212,45 @@ __global__ void write_hybrid_rows(MatrixArg in, ActiveMask mask, twConvertOp_t o
     }
 }
 
+/// write_hybrid_rows for rows of 16-bit values of the container's type on 16 bytes with no mask,
+/// as write_twell_rows16 is to write_twell_rows: kept columns from kept8, only kept columns
+/// visited, a step with nothing kept in the warp skipped, the next chunk in flight.
+__global__ void write_hybrid_rows16(MatrixArg in, twConvertOp_t op, ContainerArgs out, int32_t *flags) {
+    const int64_t row = warp_row();
+    if (row >= out.rows) return;
+    const int lane = static_cast<int>(lane_id());
+    const int cols = static_cast<int>(out.cols);
+    const bool relu = op == TW_CONVERT_RELU;
+    const uint32_t nan_bias = nan_bias16(out.type);
+    uint16_t *ecols = at<uint16_t>(out, out.ell_cols) + row * out.ell_width;
+    uint16_t *evals = reinterpret_cast<uint16_t *>(out.base + out.ell_vals) + row * out.ell_width;
+    const uint16_t *src = static_cast<const uint16_t *>(in.ptr) + row * in.rs;
+    int total = 0;
+    uint4 next = load8_row16(src, lane * 8, cols);
+    for (int c0 = 0; c0 < cols; c0 += 256) {
+        const uint4 q = next;
+        if (c0 + 256 < cols) next = load8_row16(src, c0 + 256 + lane * 8, cols);
+        const unsigned kept = kept8(q, nan_bias, relu);
+        if (__ballot_sync(kFullMask, kept) == 0) continue;
+        const int n = __popc(kept);
+        const int incl = warp_scan_incl(n);
+        int pos = total + incl - n;
+        for (unsigned b = kept; b; b &= b - 1, ++pos) {
+            const int j = __ffs(b) - 1;
+            if (pos < out.ell_width) {
+                ecols[pos] = static_cast<uint16_t>(c0 + lane * 8 + j);
+                evals[pos] = static_cast<uint16_t>(chunk_bits16(q, j));
+            }
+        }
+        total += __shfl_sync(kFullMask, incl, 31);
+    }
+    if (lane == 0) {
+        at<int32_t>(out, out.row_nnz)[row] = total;
+        at<int32_t>(out, out.backup_map)[row] = -1;
+        flags[row] = total > out.ell_width ? 1 : 0;
+    }
+}
+
 /// One block: flagged rows get consecutive record entries / backup slots in ascending row order.
 /// The rows go by in chunks of kScanThreads x kScanRowsPerThread, each thread reading its 16
 /// consecutive flags with four 16-byte loads, then one block scan a chunk: a chunk costs one
