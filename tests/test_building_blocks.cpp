@@ -184,8 +184,11 @@ TEST_CASE("building blocks: twGemmToSparse in the gate's shape (row-major 16-bit
             fill_integers(b, rng, 1);
             for (int64_t r = 0; r < m; ++r) a.set(r, 0, heavy && r % 37 == 5 ? -1.0f : 1.0f);
             for (int64_t r = 0; r < n; ++r) b.set(r, 0, -8.0f);
-            for (const Format &f : {Format{true, 256, 4}, Format{false, 32, 0}}) {
-                INFO((t == TW_R_16BF ? "bf16" : "fp16") << (heavy ? " heavy" : "") << (f.twell ? " TwELL" : " hybrid"));
+            // TwELL tiles of 256, 64 and 128 columns: one, four and two to an output tile of the
+            // GEMM, whose epilogue writes the TwELL blocks itself on sm_90
+            for (const Format &f : {Format{true, 256, 4}, Format{true, 64, 8}, Format{true, 128, 2}, Format{false, 32, 0}}) {
+                INFO((t == TW_R_16BF ? "bf16" : "fp16") << (heavy ? " heavy" : "") << (f.twell ? " TwELL " : " hybrid ")
+                                                        << f.width << "/" << f.compression);
                 const SparseResult got = gemm_to_sparse(kBackend, 1.0f, a, b, f, TW_CONVERT_RELU);
                 const SparseResult want = expected_gemm_to_sparse(1.0f, a, b, f, TW_CONVERT_RELU, t);
                 CHECK(got.info.nnz > 0);
