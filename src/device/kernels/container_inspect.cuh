@@ -153,9 +153,18 @@ template <class F> __device__ inline void for_block_tail(const uint32_t *block, 
     }
 }
 
+/// A thread's bitmap of a tile's columns in shared memory, word k at words[k * stride]: the
+/// block's threads interleaved, so that a warp's lanes reach 32 different banks whichever words
+/// they touch (eight consecutive words a thread put 8 lanes on each bank).
+struct SeenColumns {
+    uint32_t *words;
+    int stride;
+    __device__ uint32_t &operator[](int64_t k) const { return words[k * stride]; }
+};
+
 /// One entry of a tile (checks::twell_row's per-entry part): its column inside the tile, and
 /// not seen before in it. `seen` is the calling thread's bitmap of the tile's columns.
-__device__ inline bool twell_entry_ok(uint32_t entry, int64_t lo, int64_t hi, uint32_t *seen) {
+__device__ inline bool twell_entry_ok(uint32_t entry, int64_t lo, int64_t hi, const SeenColumns &seen) {
     const int64_t col = entry & 0xffffu;
     if (col < lo || col >= hi) return false;
     const uint32_t bit = 1u << ((col - lo) & 31);
@@ -170,7 +179,7 @@ __device__ inline bool twell_entry_ok(uint32_t entry, int64_t lo, int64_t hi, ui
 /// through `seen`, the calling thread's bitmap of the tile's columns (8 words: tiles are at most
 /// 256 wide).
 __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const ContainerArgs &c, bool vec, bool &overflow,
-                                      uint32_t *seen) {
+                                      const SeenColumns &seen) {
     uint32_t head[8];
     load_block_head(block, vec, head);
     const uint32_t header = head[0];
@@ -210,7 +219,7 @@ __global__ void __launch_bounds__(kCheckThreads) twell_check(ContainerArgs c, bo
     allow_dependent_launch();
     clear_other_slot(clear);
     if (blockIdx.x >= row_blocks) return twell_check_record(c, blockIdx.x - row_blocks, gridDim.x - row_blocks, out);
-    __shared__ uint32_t seen[kCheckThreads][8];
+    __shared__ uint32_t seen[8 * kCheckThreads];
     const int64_t row = warp_row();
     if (row >= c.rows) return;
     const int lane = static_cast<int>(lane_id());
@@ -220,7 +229,7 @@ __global__ void __launch_bounds__(kCheckThreads) twell_check(ContainerArgs c, bo
     const int64_t tiles = (c.cols + c.tile - 1) / c.tile;
     bool ok = true, overflow = false;
     for (int64_t t = lane; t < tiles; t += 32)
-        ok &= twell_block_ok(words + t * c.words_per_block, t, c, vec, overflow, seen[threadIdx.x]);
+        ok &= twell_block_ok(words + t * c.words_per_block, t, c, vec, overflow, {seen + threadIdx.x, kCheckThreads});
     ok = __all_sync(0xffffffffu, ok);
     overflow = __any_sync(0xffffffffu, overflow);
     if (lane == 0) {
