@@ -142,6 +142,19 @@ inline std::vector<int64_t> neuron_counts(twHandle_t h, twFfnDescr_t ffn, Buffer
     return buf.read<int64_t>(counts, static_cast<size_t>(units));
 }
 
+/// The case's X, Wg, Wu and Wd as host matrices of its type (row-major, unpadded; Wg filled when
+/// the FFN is gated).
+struct FfnOperands {
+    Dense x, wg, wu, wd;
+    FfnOperands(const FfnCase &c, const FfnData &data)
+        : x(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type) {
+        x.fill(data.x);
+        if (c.gated) wg.fill(data.wg);
+        wu.fill(data.wu);
+        wd.fill(data.wd);
+    }
+};
+
 /// Runs the case's forward on `backend` and reads everything back.
 inline FfnResult run_ffn(const FfnCase &c, const FfnData &data, twBackend_t backend, const FfnRun &run = FfnRun()) {
     Handle h(backend);

@@ -527,19 +527,15 @@ TEST_CASE("CUDA FFN: eager calls with and without call graphs give the reference
     c.seed = 29;
     const FfnData data = make_data(c);
     const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
-    Dense x(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type);
-    x.fill(data.x);
-    wg.fill(data.wg);
-    wu.fill(data.wu);
-    wd.fill(data.wd);
+    const FfnOperands in(c, data);
     for (int32_t graphs : {1, 0}) {
         DYNAMIC_SECTION("TW_FFN_ATTR_CALL_GRAPHS " << graphs) {
             Handle h(TW_BACKEND_CUDA);
             Buffers buf(TW_BACKEND_CUDA);
             twFfnDescr_t ffn = nullptr;
-            TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, buf.input(wg), buf.input(wu), buf.input(wd)));
+            TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, buf.input(in.wg), buf.input(in.wu), buf.input(in.wd)));
             REQUIRE(twFfnSetAttribute(ffn, TW_FFN_ATTR_CALL_GRAPHS, &graphs, sizeof graphs) == TW_STATUS_SUCCESS);
-            const twDnMatDescr_t X = buf.input(x);
+            const twDnMatDescr_t X = buf.input(in.x);
             constexpr int kOutputs = 10;
             std::vector<std::unique_ptr<Dense>> ys;
             std::vector<twDnMatDescr_t> Y;
@@ -581,17 +577,13 @@ TEST_CASE("CUDA: threads on every GPU, each with its own handle and FFN, give th
         c.seed = 23;
         const FfnData data = make_data(c);
         const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
-        Dense x(c.m, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type);
-        x.fill(data.x);
-        wu.fill(data.wu);
-        wd.fill(data.wd);
-        Dense wg(c.h, c.d, c.type);
-        wg.fill(data.wg);
+        const FfnOperands in(c, data);
         const int threads = 2 * gpus;
         std::vector<GpuForward> got(static_cast<size_t>(threads));
         std::vector<std::thread> pool;
         for (int i = 0; i < threads; ++i)
-            pool.emplace_back([&, i] { got[static_cast<size_t>(i)] = forward_on_gpu(i % gpus, c, x, &wg, wu, wd, 3); });
+            pool.emplace_back(
+                [&, i] { got[static_cast<size_t>(i)] = forward_on_gpu(i % gpus, c, in.x, &in.wg, in.wu, in.wd, 3); });
         for (std::thread &t : pool) t.join();
         for (int i = 0; i < threads; ++i) {
             INFO("type " << type << ", thread " << i << " on GPU " << i % gpus << " of " << gpus << ": "

@@ -161,8 +161,10 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
                 if (last) __threadfence();
             }
         }
-        __syncthreads();
-        if (last) reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+        if (a.stats) {  // the same for every thread of the grid: a barrier only where the ticket was taken
+            __syncthreads();
+            if (last) reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+        }
         return;
     }
     if (lane == 0) record_row(row, total, overflow, a.row_limit, a.count, a.row_nnz, a.dense_rows, a.dense_count);

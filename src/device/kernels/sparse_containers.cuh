@@ -11,62 +11,69 @@ namespace twblas::cuda {
 
 // ---- writer: TwELL, one warp per row, 256 columns (8 per lane) per step
 
-/// One step of a TwELL row: the lanes' kept columns (c0 + 8 lane + j for bit j of `kept`) into
-/// their tiles' slots, the tiles' headers; whether any of the step's tiles is over its slots.
-__device__ inline bool write_twell_step(const ContainerArgs &out, uint32_t *words, int64_t c0, int lane,
-                                        unsigned kept, const uint32_t (&bits)[8]) {
-    const int lanes_per_tile = out.tile / 8;
+/// One step of a TwELL row, 256 columns from c0 (at most 65536 columns: 32-bit arithmetic): the
+/// lanes' kept columns (c0 + 8 lane + j for bit j of `kept`, value j of the chunk `q`) into their
+/// tiles' slots in ascending column order, and the tiles' headers; whether any of this lane's
+/// tiles is over its slots. A lane visits only its kept columns, and a step with nothing kept in
+/// the warp (about a quarter of them at 29 active units in 5632) writes its headers only.
+/// (The step this replaced divided a 64-bit column by the tile width and tested each of its eight
+/// values in turn: 123 us at 16384 x 5632 bf16 on an H100, ncu, against 73 for the analysis
+/// reading the same bytes.)
+__device__ inline bool write_twell_step(const ContainerArgs &out, int tile_shift, uint32_t *words, int c0, int lane,
+                                        unsigned kept, const uint4 &q) {
+    const int lanes_per_tile = out.tile >> 3;
     const int first = lane & ~(lanes_per_tile - 1);
+    uint32_t *block = words + ((c0 >> tile_shift) + (first >> (tile_shift - 3))) * out.words_per_block;
+    const bool header = lane == first && c0 + first * 8 < out.cols;
+    if (__ballot_sync(kFullMask, kept) == 0) {
+        if (header) block[0] = 0;
+        return false;
+    }
     const int n = __popc(kept);
-    const int incl = warp_scan_incl(n), excl = incl - n;
-    const int tile_base = __shfl_sync(0xffffffffu, excl, first);
-    const int tile_count = __shfl_sync(0xffffffffu, incl, first + lanes_per_tile - 1) - tile_base;
-    const int64_t tile = (c0 + first * 8) / out.tile;
-    uint32_t *block = words + tile * out.words_per_block;
-    int rank = excl - tile_base;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (!(kept >> j & 1u)) continue;
-        if (rank < out.slots) block[1 + rank] = static_cast<uint32_t>((c0 + lane * 8 + j) & 0xffff) | (bits[j] << 16);
-        ++rank;
+    const int incl = warp_scan_incl(n);
+    const int tile_base = __shfl_sync(kFullMask, incl - n, first);
+    const int tile_count = __shfl_sync(kFullMask, incl, first + lanes_per_tile - 1) - tile_base;
+    int rank = incl - n - tile_base;
+    for (unsigned b = kept; b; b &= b - 1, ++rank) {
+        const int j = __ffs(b) - 1;
+        if (rank < out.slots) block[1 + rank] = static_cast<uint32_t>(c0 + lane * 8 + j) | chunk_bits16(q, j) << 16;
     }
     const bool over = tile_count > out.slots;
-    if (lane == first && tile * out.tile < out.cols)
-        block[0] = static_cast<uint32_t>(min(tile_count, out.slots)) | (over ? kTwellOverflowBit : 0u);
-    return __any_sync(0xffffffffu, over);
+    if (header) block[0] = static_cast<uint32_t>(min(tile_count, out.slots)) | (over ? kTwellOverflowBit : 0u);
+    return over;
 }
 
+/// TwELL from any dense input (another value type, rows not on 16 bytes, an active mask): the
+/// eight columns' values converted to the container's 16-bit type, packed as write_twell_step
+/// takes them.
 __global__ void write_twell_rows(MatrixArg in, ActiveMask mask, twConvertOp_t op, ContainerArgs out, bool vec,
                                  int32_t *flags) {
     const int64_t row = warp_row();
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
+    const int tile_shift = __ffs(out.tile) - 1;
     uint32_t *words = reinterpret_cast<uint32_t *>(out.base) + row * out.ld;
     bool overflow = false;
-    for (int64_t c0 = 0; c0 < out.cols; c0 += 256) {
-        uint32_t bits[8];
+    for (int c0 = 0; c0 < out.cols; c0 += 256) {
+        uint32_t bits[8] = {};  // a chunk outside the mask is not read
         const unsigned kept = load8_active(in, mask, row, c0 + lane * 8, out.cols, out.type, vec, op, bits);
-        overflow |= write_twell_step(out, words, c0, lane, kept, bits);
+        const uint4 q = make_uint4(bits[0] | bits[1] << 16, bits[2] | bits[3] << 16, bits[4] | bits[5] << 16,
+                                   bits[6] | bits[7] << 16);
+        overflow |= write_twell_step(out, tile_shift, words, c0, lane, kept, q);
     }
+    overflow = __any_sync(kFullMask, overflow);
     if (lane == 0) flags[row] = overflow ? 1 : 0;
 }
 
 /// write_twell_rows for rows of 16-bit values of the container's type on 16 bytes with no mask
-/// (a user's twDenseToSparse_convert). The generic step was issue-bound: ncu at 16384 x 5632
-/// bf16 gave 123 us (~1.5 TB/s) against 73 for the analysis reading the same bytes; it divided
-/// a 64-bit column by the tile width and tested each of its eight values in turn. Here the kept
-/// columns come from kept8, the tile from shifts on 32-bit columns (at most 65536), a lane
-/// visits only its kept columns, a step with nothing kept in the warp (about a quarter of them
-/// at 29 active units in 5632) writes its tiles' headers only, and the next step's chunk is
-/// loaded before this step's stores.
+/// (a user's twDenseToSparse_convert): the kept columns from kept8, two halves of a word at a
+/// time, and the next step's chunk loaded before this step's stores.
 __global__ void write_twell_rows16(MatrixArg in, twConvertOp_t op, ContainerArgs out, int32_t *flags) {
     const int64_t row = warp_row();
     if (row >= out.rows) return;
     const int lane = static_cast<int>(lane_id());
     const int cols = static_cast<int>(out.cols);
     const int tile_shift = __ffs(out.tile) - 1;
-    const int lanes_per_tile = out.tile >> 3;
-    const int first = lane & ~(lanes_per_tile - 1);
     const bool relu = op == TW_CONVERT_RELU;
     const uint32_t nan_bias = nan_bias16(out.type);
     uint32_t *words = reinterpret_cast<uint32_t *>(out.base) + row * out.ld;
@@ -76,25 +83,7 @@ __global__ void write_twell_rows16(MatrixArg in, twConvertOp_t op, ContainerArgs
     for (int c0 = 0; c0 < cols; c0 += 256) {
         const uint4 q = next;
         if (c0 + 256 < cols) next = load8_row16(src, c0 + 256 + lane * 8, cols);
-        const unsigned kept = kept8(q, nan_bias, relu);
-        uint32_t *block = words + ((c0 >> tile_shift) + (first >> (tile_shift - 3))) * out.words_per_block;
-        const bool header = lane == first && c0 + first * 8 < cols;
-        if (__ballot_sync(kFullMask, kept) == 0) {
-            if (header) block[0] = 0;
-            continue;
-        }
-        const int n = __popc(kept);
-        const int incl = warp_scan_incl(n);
-        const int tile_base = __shfl_sync(kFullMask, incl - n, first);
-        const int tile_count = __shfl_sync(kFullMask, incl, first + lanes_per_tile - 1) - tile_base;
-        int rank = incl - n - tile_base;
-        for (unsigned b = kept; b; b &= b - 1, ++rank) {
-            const int j = __ffs(b) - 1;
-            if (rank < out.slots) block[1 + rank] = static_cast<uint32_t>(c0 + lane * 8 + j) | chunk_bits16(q, j) << 16;
-        }
-        const bool over = tile_count > out.slots;
-        if (header) block[0] = static_cast<uint32_t>(min(tile_count, out.slots)) | (over ? kTwellOverflowBit : 0u);
-        overflow |= over;
+        overflow |= write_twell_step(out, tile_shift, words, c0, lane, kept8(q, nan_bias, relu), q);
     }
     overflow = __any_sync(kFullMask, overflow);
     if (lane == 0) flags[row] = overflow ? 1 : 0;
