@@ -3,10 +3,12 @@
 // them a meaning, the same dense values. Then validation of corrupted containers (verdict and
 // message from the device search must be the reference's), and matrices of a million rows for
 // every tile width and compression, checked by round trips on the GPU.
+#include <algorithm>
 #include <cstring>
 #include <string>
 
 #include "backend_support.hpp"
+#include "cuda_test_support.hpp"
 
 using namespace twtest;
 
@@ -429,4 +431,50 @@ TEST_CASE("CUDA conversions: a million rows, every tile width and compression", 
                 round_trip(hy);
             }
         }
+}
+
+TEST_CASE("CUDA TwELL -> dense returns with its verdict; a call on another stream does not disturb the rows still being written",
+          "[cuda][conversions]") {
+    // twSparseToDense returns once the device has posted its verdict and writes the rows in the
+    // stream's order; the writer reads that verdict from the handle's result slot until its last
+    // block. Inspections on another stream reuse the slots (the second one writes a refusal into
+    // the slot the writer reads) and must wait for it first.
+    const int64_t rows = 40000, cols = 1500;
+    const std::unique_ptr<Dense> dense = random_dense(rows, cols, TW_R_16BF, 0.01, 0, 41);
+    const Dense &in = *dense;
+    Handle h(TW_BACKEND_CUDA);
+    Buffers b(TW_BACKEND_CUDA);
+    const twSpMatDescr_t s = b.twell(rows, cols, TW_R_16BF, 256, 8);
+    size_t bytes = 0;
+    const twDnMatDescr_t din = b.input(in);
+    TW_REQUIRE_OK(h, twDenseToSparse_bufferSize(h, din, s, TW_CONVERT_PLAIN, &bytes));
+    void *ws = b.memory(bytes);
+    TW_REQUIRE_OK(h, twDenseToSparse_analysis(h, din, s, TW_CONVERT_PLAIN, ws));
+    TW_REQUIRE_OK(h, twDenseToSparse_convert(h, din, s, TW_CONVERT_PLAIN, ws));
+    // a small TwELL whose first block claims more entries than it has slots
+    const TwellWords tl(8, 300, 64, 4);
+    const twSpMatDescr_t bad = b.twell(8, 300, TW_R_16BF, 64, 4);
+    std::vector<uint32_t> w = b.words(bad);
+    std::fill(w.begin(), w.end(), 0u);  // no entries, an empty record: valid
+    w[tl.block(0, 0)] = 0xffffu;
+    b.write_words(bad, w);
+    cudaStream_t s1, s2;
+    cuda_ok(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    cuda_ok(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    Dense back(rows, cols, TW_R_16BF);
+    for (int round = 0; round < 3; ++round) {
+        INFO("round " << round);
+        back.poison();
+        Buffers out(TW_BACKEND_CUDA);
+        const twDnMatDescr_t dout = out.output(back);
+        TW_REQUIRE_OK(h, twSetStream(h, s1));
+        TW_REQUIRE_OK(h, twSparseToDense(h, s, dout));
+        TW_REQUIRE_OK(h, twSetStream(h, s2));
+        for (int i = 0; i < 2; ++i) REQUIRE(twSpMatValidate(h, bad) == TW_STATUS_INVALID_VALUE);
+        out.fetch();
+        REQUIRE(std::memcmp(back.storage.data(), in.storage.data(), static_cast<size_t>(rows * cols) * 2) == 0);
+    }
+    TW_REQUIRE_OK(h, twSetStream(h, nullptr));
+    cuda_ok(cudaStreamDestroy(s1));
+    cuda_ok(cudaStreamDestroy(s2));
 }

@@ -4,6 +4,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -196,9 +197,35 @@ ContainerOps::ContainerOps(const DeviceInfo &device)
 
 unsigned ContainerOps::stride_blocks(int64_t rows) const { return std::min(row_blocks(rows), full_grid_); }
 
-ContainerOps::Slots ContainerOps::slots() const {
+ContainerOps::Slots ContainerOps::slots(cudaStream_t stream) {
+    if (slot_held_ && held_stream_ != stream) check(cudaStreamSynchronize(held_stream_), "cudaStreamSynchronize");
+    slot_held_ = false;
     auto *r = result_.get<InspectResult>();
     return {r + slot_, r + (slot_ ^ 1)};
+}
+
+unsigned *ContainerOps::arm_post() {
+    staging_.host()->posted = 0;
+    return &staging_.device()->posted;
+}
+
+void ContainerOps::wait_for_post(cudaStream_t stream) {
+    const volatile unsigned *posted = &staging_.host()->posted;
+    for (;;) {
+        // the word is in this CPU's cache until the device's write invalidates it: a thousand
+        // reads take about a microsecond; the stream is asked in between, so that a kernel that
+        // failed (or a capture, which runs nothing) ends the wait with its error
+        for (int i = 0; i < 1024; ++i)
+            if (*posted) {
+                std::atomic_thread_fence(std::memory_order_acquire);
+                return;
+            }
+        const cudaError_t q = cudaStreamQuery(stream);
+        if (q == cudaErrorNotReady) continue;
+        check(q, "cudaStreamQuery");
+        if (*posted) return;
+        fail(TW_STATUS_INTERNAL_ERROR, "the device's verdict was not posted");
+    }
 }
 
 void ContainerOps::read_back(cudaStream_t stream, void *dst, const void *src, size_t bytes) {
@@ -212,7 +239,7 @@ void ContainerOps::read_back(cudaStream_t stream, void *dst, const void *src, si
 
 twSpMatInfo_t ContainerOps::info(cudaStream_t stream, const twSpMatDescr &s) {
     require_device_accessible(s.buffer, "descr");
-    const Slots r = slots();
+    const Slots r = slots(stream);
     container_info<<<stride_blocks(s.rows), 32 * kWarpsPerBlock, 0, stream>>>(container_args(s), s.format == TW_FORMAT_TWELL,
                                                                          r.use, r.clear, published<InspectResult>());
     check_launch("container_info");
@@ -222,7 +249,7 @@ twSpMatInfo_t ContainerOps::info(cudaStream_t stream, const twSpMatDescr &s) {
 }
 
 const InspectResult *ContainerOps::launch_validation(cudaStream_t stream, const twSpMatDescr &s) {
-    const Slots r = slots();
+    const Slots r = slots(stream);
     const ContainerArgs c = container_args(s);
     const bool twell = s.format == TW_FORMAT_TWELL;
     // one launch: the row blocks, then blocks for the record entries / backup slots (at most one
@@ -325,7 +352,7 @@ void ContainerOps::complete_verdict(const twSpMatDescr &in, const InspectResult 
 twStatus_t ContainerOps::dense_to_sparse_analysis(cudaStream_t stream, const twDnMatDescr &in, const twSpMatDescr &out,
                                                   twConvertOp_t op) {
     require_device_accessible(in.values, "in");
-    const Slots r = slots();
+    const Slots r = slots(stream);
     unsigned long long n = 0;
     if (in.rows > 0 && in.cols > 0) {
         const auto count = dense_rows_vectorizable(matrix_arg(in), out.type) ? count_compact_misses<true>
@@ -367,10 +394,20 @@ twStatus_t ContainerOps::sparse_to_dense(cudaStream_t stream, const twSpMatDescr
         // device: one read-back decides both. A dependent launch: its blocks start while the
         // validation's last ones run and load their first blocks before waiting for the verdict.
         const InspectResult *verdict = launch_validation(stream, in);
+        unsigned *posted = arm_post();
         launch_dependent(twell_rows_to_dense, dim3(row_blocks(in.rows)), dim3(32 * kWarpsPerRowBlock), 0, stream, pdl_,
                          "cudaLaunchKernelEx(twell_rows_to_dense)", container_args(in), dense,
-                         reinterpret_cast<uintptr_t>(in.buffer) % 16 == 0, verdict, published<InspectResult>());
-        const InspectResult r = read_published<InspectResult>(stream);
+                         reinterpret_cast<uintptr_t>(in.buffer) % 16 == 0, verdict, published<InspectResult>(), posted);
+        // the status is known once the writer's first thread has the verdict: the call returns
+        // then, and the rows are written in the stream's order (as cuSPARSE's are), so that the
+        // next call's kernels queue while they are
+        const InspectResult r = await_posted<InspectResult>(stream);
+        if (!valid_and_complete(r)) {
+            check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // a refusal: the writer is done
+        } else {
+            slot_held_ = true;
+            held_stream_ = stream;
+        }
         report(stream, in, "in", r);
         complete_verdict(in, r);
         return TW_STATUS_SUCCESS;

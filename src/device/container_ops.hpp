@@ -81,6 +81,18 @@ class ContainerOps {
         std::memcpy(&v, const_cast<const Staging *>(staging_.host())->bytes, sizeof v);
         return v;
     }
+    /// For a call whose status is decided before its last kernel ends: clears the posted word,
+    /// which a kernel sets (system-scope release) after publishing; returns its device address.
+    unsigned *arm_post();
+    /// Waits only until the word is posted (not for the stream's later work), then reads what was
+    /// published. The kernels after the post go on in the stream, as a compute call's do.
+    template <class T> T await_posted(cudaStream_t stream) {
+        wait_for_post(stream);
+        T v;
+        std::memcpy(&v, const_cast<const Staging *>(staging_.host())->bytes, sizeof v);
+        return v;
+    }
+    void wait_for_post(cudaStream_t stream);
     /// Validates `in` and refuses one that records rows it could not hold (INCOMPLETE_INPUT).
     void require_complete(cudaStream_t stream, const twSpMatDescr &in);
     /// validate(), returning what the device found (the record / backup count included).
@@ -98,7 +110,11 @@ class ContainerOps {
     struct Slots {
         InspectResult *use, *clear;
     };
-    Slots slots() const;
+    /// The slots for a call on `stream`. A TwELL -> dense call returns once its verdict is
+    /// posted, while its writer still reads the verdict's slot; a call on another stream first
+    /// waits for that writer, so that it never overwrites the slot under it (same stream: the
+    /// stream's order does it).
+    Slots slots(cudaStream_t stream);
     void advance() { slot_ ^= 1; }
     /// Copies `bytes` at `src` to `dst` after the stream's work and waits for it: through pinned
     /// memory when they fit it (a copy into pageable memory costs the driver a staging copy and a
@@ -111,10 +127,13 @@ class ContainerOps {
     }
     struct Staging {
         alignas(16) unsigned char bytes[64];
+        unsigned posted;  // arm_post / await_posted
     };
     DeviceBuffer result_;     // two InspectResult slots, used in turn by the calls (they synchronise)
     int slot_ = 0;            // the slot the next call uses
     bool pdl_;                // DeviceInfo::pdl: twell_rows_to_dense by programmatic dependent launch
+    bool slot_held_ = false;  // a twell_rows_to_dense on held_stream_ may still read a slot
+    cudaStream_t held_stream_ = nullptr;
     unsigned full_grid_;      // blocks of 4 warps that fill the GPU once (16 an SM)
     ScratchPool scratch_pool_;  // the sparse -> sparse conversions' temporaries
     MappedHost<Staging> staging_;  // the pinned landing place of every small read-back

@@ -85,12 +85,14 @@ __global__ void scatter_to_dense(ContainerArgs in, bool twell, MatrixArg out) {
 /// stream right after the validation kernel: it writes nothing unless its verdict is "valid and
 /// complete" (so the host reads one result back for both, and the output stays untouched on a
 /// refusal). Launched dependent on the validation (PDL), it loads its first blocks, then waits
-/// for the verdict, which its first thread publishes to the host (`published`, mapped memory).
+/// for the verdict, which its first thread publishes to the host (`published`, mapped memory)
+/// and then posts (`posted`): the host returns from the call then, while the rows are written.
 /// `vec`: the container's buffer is 16-byte aligned.
 constexpr int kWarpsPerRowBlock = 4;
 __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(ContainerArgs in, MatrixArg out, bool vec,
                                                                               const InspectResult *verdict,
-                                                                              InspectResult *published) {
+                                                                              InspectResult *published,
+                                                                              unsigned *posted) {
     const int64_t row = warp_row();
     const int lane = static_cast<int>(lane_id());
     const uint32_t *words = twell_row_words(in, row);
@@ -99,9 +101,13 @@ __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(Co
     if (row < in.rows && lane < tiles)
         load_block_head(words + lane * in.words_per_block, vec, head);  // the validation only reads them
     wait_for_prior_grid();
-    if (blockIdx.x == 0 && threadIdx.x == 0) *published = *verdict;
-    if (row >= in.rows) return;
-    if (verdict->first_item != kNoItem || verdict->first_row != kNoItem || verdict->header != 0) return;
+    const InspectResult v = *verdict;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        *published = v;
+        __threadfence_system();  // the verdict's bytes reach the host before the word that posts them
+        *static_cast<volatile unsigned *>(posted) = 1;
+    }
+    if (row >= in.rows || !valid_and_complete(v)) return;
     auto *dst = static_cast<uint16_t *>(out.ptr) + row * out.rs;
     const int64_t full = in.cols / 8;
     for (int64_t k = lane; k < full; k += 32) reinterpret_cast<uint4 *>(dst)[k] = make_uint4(0, 0, 0, 0);

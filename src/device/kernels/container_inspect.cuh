@@ -27,6 +27,11 @@ constexpr unsigned long long kNoItem = ~0ull;
 
 /// Counts 0, "no failing item" all ones: the state every inspection starts from.
 __host__ __device__ constexpr InspectResult clear_result() { return {0, 0, 0, kNoItem, kNoItem, 0, 0}; }
+/// A validation verdict under which a container may be read whole: no failing record entry,
+/// slot or row, and no rows recorded as not held (the TwELL record / hybrid backup count 0).
+__host__ __device__ constexpr bool valid_and_complete(const InspectResult &r) {
+    return r.first_item == kNoItem && r.first_row == kNoItem && r.header == 0;
+}
 
 /// Called once by each of `parties` threads of the grid (a block's or a warp's first) after their
 /// writes to `r`: the last one copies *r to `published` (the host's mapped memory), so that the
