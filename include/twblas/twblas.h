@@ -242,7 +242,9 @@ TWBLAS_API twStatus_t twDenseToSparse_convert(twHandle_t h, twDnMatDescr_t in,
                                               void *workspace);
 /** Writes every element of `out` (same size and value type). INCOMPLETE_INPUT, with `out`
  *  untouched, when `in` records rows that it could not hold (the result would not be exact).
- *  `out` must not overlap the buffer of `in` (INVALID_VALUE). */
+ *  `out` must not overlap the buffer of `in` (INVALID_VALUE). On the CUDA backend the call
+ *  waits for the verdict only: `out` is written in the handle's stream order, as a compute call's
+ *  output is. */
 TWBLAS_API twStatus_t twSparseToDense(twHandle_t h, twSpMatDescr_t in, twDnMatDescr_t out);
 /** Re-packs a sparse matrix into another container of the same size and value type
  *  (TwELL -> hybrid, hybrid -> TwELL, or between parameters). CAPACITY_EXCEEDED as for
