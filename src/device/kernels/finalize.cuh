@@ -52,13 +52,29 @@ __device__ inline void reduce_and_publish_statistics(int64_t m, int64_t h, const
                                                      uint4 last_record) {
     long long nnz = 0, mx = 0, over = 0, dense = 0;
     double l1 = 0.0;
-    for (int64_t r = threadIdx.x; r < m; r += blockDim.x) {
-        const int32_t n = __ldcg(row_nnz + r), c = __ldcg(count + r);  // other blocks wrote them
-        nnz += n;
-        mx = max(mx, static_cast<long long>(n));
-        over += c == -1;
-        dense += c < 0;
-        l1 += __ldcg(row_l1 + r);
+    // a thread's rows r, r + blockDim.x, ... in that order, kStatsAhead rows' loads in flight at a
+    // time (one block reads every row: at 16384 rows one load after another took 18 us, ncu)
+    constexpr int kStatsAhead = 8;
+    for (int64_t r0 = threadIdx.x; r0 < m; r0 += kStatsAhead * static_cast<int64_t>(blockDim.x)) {
+        int32_t n[kStatsAhead], c[kStatsAhead];
+        float l[kStatsAhead];
+#pragma unroll
+        for (int k = 0; k < kStatsAhead; ++k) {
+            const int64_t r = r0 + k * static_cast<int64_t>(blockDim.x);
+            const bool here = r < m;
+            n[k] = here ? __ldcg(row_nnz + r) : 0;  // other blocks wrote them
+            c[k] = here ? __ldcg(count + r) : 0;
+            l[k] = here ? __ldcg(row_l1 + r) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < kStatsAhead; ++k) {
+            if (r0 + k * static_cast<int64_t>(blockDim.x) >= m) break;  // the same sums as one row at a time
+            nnz += n[k];
+            mx = max(mx, static_cast<long long>(n[k]));
+            over += c[k] == -1;
+            dense += c[k] < 0;
+            l1 += l[k];
+        }
     }
     for (int o = 16; o > 0; o >>= 1) {
         nnz += __shfl_xor_sync(kFullMask, nnz, o);
