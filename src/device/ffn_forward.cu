@@ -49,6 +49,7 @@ struct ForwardPath {
     bool dense_mode;      // projections as cuBLAS GEMMs over every row
     bool masked_gate;     // the gate through the masked gate GEMM, the lists from its unit words
     bool two_pass;        // sparse rows through the two-pass kernels (else the fused kernel)
+    bool lists_in_fwd_u;  // masked gate + two-pass (16-bit rows): fwd_u lists its row from the words
     int64_t cublas_rows;  // rows of the dense list that go through cuBLAS GEMMs
 };
 
@@ -73,6 +74,7 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
                        // X and the weights decide; the workspace carver puts the gate on 16 bytes
                        masked_gate_gemm_fits(p.type, masked_gate_operands(st, p, x, FfnScratch{}));
     path.two_pass = training || p.fp8 || heuristics::two_pass_applies(p);
+    path.lists_in_fwd_u = path.masked_gate && path.two_pass && !p.fp8 && p.m <= heuristics::kFwdUListsMaxTokens;
     path.cublas_rows = !path.serve && !path.decode && !path.dense_mode && cublas
                            ? heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m)
                            : 0;
@@ -87,18 +89,27 @@ void run_gate_gemm(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, c
                 {s.gate, s.ldg, p.gate_f32() ? TW_R_32F : p.type}, s.lt_workspace, s.lt_bytes);
 }
 
-/// The masked gate GEMM, then the unit lists from its words (instead of the cuBLAS gate GEMM and
-/// the packing pass over the gate values). The GEMM writes the gate's active values only: the
-/// sparse rows read nothing else, lists_from_masks zeroes the rest of the dense path's rows, and
-/// the hidden output reads the gate buffer under the words (gate_mask).
+/// What the unit lists are made from after the masked gate GEMM: its words, into the lists,
+/// counts, dense list and per-unit counts of the scratch.
+MaskListArgs mask_list_args(const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts) {
+    return {s.unit_masks, s.unit_words, p.m, p.tile, p.slots, s.cap, s.idx, s.count, s.row_nnz,
+            s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
+            static_cast<uint16_t *>(s.gate), s.ldg, p.h};
+}
+
+/// The masked gate GEMM, then (unless fwd_u makes them, path.lists_in_fwd_u) the unit lists from
+/// its words (instead of the cuBLAS gate GEMM and the packing pass over the gate values). The
+/// GEMM writes the gate's active values only: the sparse rows read nothing else, the lists'
+/// maker zeroes the rest of the dense path's rows, and the hidden output reads the gate buffer
+/// under the words (gate_mask).
 void run_masked_gate(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
-                     const FfnScratch &s, unsigned long long *neuron_counts) {
-    launch_masked_gate_gemm(stream, p.type, masked_gate_operands(st, p, x, s), st.device, st.sm_count);
+                     const FfnScratch &s, unsigned long long *neuron_counts, bool lists) {
+    // the dense list's count (and finalize's ticket) first: the list's maker then follows the
+    // GEMM directly
     check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
-    const MaskListArgs a{s.unit_masks, s.unit_words, p.m, p.tile, p.slots, s.cap, s.idx, s.count, s.row_nnz,
-                         s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
-                         static_cast<uint16_t *>(s.gate), s.ldg, p.h};
-    lists_from_masks<<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(a);
+    launch_masked_gate_gemm(stream, p.type, masked_gate_operands(st, p, x, s), st.device, st.sm_count);
+    if (!lists) return;
+    lists_from_masks<<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(mask_list_args(p, s, neuron_counts));
     check_launch("lists_from_masks");
 }
 
@@ -217,7 +228,7 @@ void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, 
 template <class T>
 void run_gate_and_lists(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
                         const twDnMatDescr &x, const FfnScratch &s, bool zero_inactive) {
-    if (path.masked_gate) return run_masked_gate(stream, st, p, x, s, st.neuron_counts());
+    if (path.masked_gate) return run_masked_gate(stream, st, p, x, s, st.neuron_counts(), !path.lists_in_fwd_u);
     run_gate_gemm(stream, st, p, gemm_operand(x), s);
     launch_pack<T>(stream, p, s, st.neuron_counts(), zero_inactive);
 }
@@ -301,11 +312,11 @@ void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const Fwd
 /// over the gate value), then y by column slices.
 template <class T>
 void launch_two_pass(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
-                     const MatrixArg &y, const FfnScratch &s, bool pdl) {
+                     const MatrixArg &y, const FfnScratch &s, bool pdl, const MaskListArgs *lists) {
     FwdArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr), y.rs,
                  y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, p.h,
                  s.gate, s.ldg, p.gate_f32(), p.gated, p.highest, s.idx, s.count, s.cap, s.save_g, s.save_u, s.row_l1,
-                 w.fp8, s.dense_rows, s.dense_count};
+                 w.fp8, s.dense_rows, s.dense_count, lists ? *lists : MaskListArgs{}};
     if constexpr (std::is_same_v<T, float>) {
         launch_two_pass_kernels<T, false>(stream, p, a, s.cap, pdl);
     } else {
@@ -325,7 +336,7 @@ void launch_fp8_dense_rows(cudaStream_t stream, const CudaFfnState &st, const Ff
     const FwdArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr),
                        y.rs, y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d,
                        p.m, p.h, s.gate, s.ldg, false, p.gated, false, s.idx, s.count, s.cap, nullptr, nullptr,
-                       s.row_l1, w.fp8, s.dense_rows, s.dense_count};
+                       s.row_l1, w.fp8, s.dense_rows, s.dense_count, MaskListArgs{}};
     // about two waves of blocks in all: most forwards have few dense rows or none, and an idle
     // block still costs its launch
     auto rows_for = [&](int64_t per_row) {
@@ -481,14 +492,19 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
         return;
     }
     run_gate_and_lists<T>(stream, st, p, path, x, s, hidden != nullptr);
-    if (path.cublas_rows > 0) {
+    // the cuBLAS part of the dense path reads the dense list: after its maker (rows disjoint from
+    // the sparse kernels')
+    auto dense_path_cublas = [&] {
         if constexpr (!std::is_same_v<T, float>)
-            run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, hidden != nullptr);
-    }
+            if (path.cublas_rows > 0) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, hidden != nullptr);
+    };
+    const MaskListArgs lists = mask_list_args(p, s, st.neuron_counts());
+    if (!path.lists_in_fwd_u) dense_path_cublas();
     if (path.two_pass)
-        launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl);
+        launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl, path.lists_in_fwd_u ? &lists : nullptr);
     else
         launch_fused<T>(stream, p, w, xa, ya, s, hidden != nullptr);
+    if (path.lists_in_fwd_u) dense_path_cublas();
     if constexpr (!std::is_same_v<T, float>) {
         if (p.fp8) launch_fp8_dense_rows<T>(stream, st, p, w, xa, ya, s);
     }
@@ -532,10 +548,14 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
         return;
     }
     run_gate_and_lists<T>(stream, st, p, path, x, s, false);
-    if (path.cublas_rows > 0) {
-        if constexpr (!std::is_same_v<T, float>) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, false);
-    }
-    launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl);
+    auto dense_path_cublas = [&] {  // after the dense list's maker, as in inference
+        if constexpr (!std::is_same_v<T, float>)
+            if (path.cublas_rows > 0) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, false);
+    };
+    const MaskListArgs lists = mask_list_args(p, s, st.neuron_counts());
+    if (!path.lists_in_fwd_u) dense_path_cublas();
+    launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl, path.lists_in_fwd_u ? &lists : nullptr);
+    if (path.lists_in_fwd_u) dense_path_cublas();
     launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
     launch_finish<T>(stream, st, p, s, true, path.cublas_rows, nullptr);
 }
@@ -546,6 +566,7 @@ CallKey inference_key(const FfnProblem &p, const ForwardPath &path, const twDnMa
     CallKey k;
     k.add(p.m).add(p.highest).add(p.fp8).add(p.deterministic).add(p.tile).add(p.slots);
     k.add(path.serve).add(path.decode).add(path.dense_mode).add(path.masked_gate).add(path.two_pass).add(path.cublas_rows);
+    k.add(path.lists_in_fwd_u);
     for (const twDnMatDescr *d : {&x, &y}) k.add(d->values).add(d->ld).add(d->order);
     k.add(workspace).add(hidden);
     if (hidden) {

@@ -158,6 +158,17 @@ constexpr int64_t kTwoPassMinTokens = 129;
 #endif
 bool two_pass_applies(const FfnProblem &p);
 
+/// Up to this many tokens fwd_u lists its row from the masked gate GEMM's words itself instead of
+/// a lists_from_masks launch before it. Measured on an H200 (paper's shape, uniform-29, graph
+/// replay, same call; bench/results/h200-lists-in-fwd-u-2026-11-26.txt): M = 512 59.4 against
+/// 64.5 us, M = 4096 level (297.3 both), M = 16384 1059.5 against 1049.3 (fwd_u's blocks, four an
+/// SM, wait on the words before their dot products, which the separate launch overlapped).
+#ifdef TWBLAS_FWD_U_LISTS_MAX_TOKENS
+constexpr int64_t kFwdUListsMaxTokens = TWBLAS_FWD_U_LISTS_MAX_TOKENS;
+#else
+constexpr int64_t kFwdUListsMaxTokens = 4096;
+#endif
+
 /// Teams of warps per token in the fused kernel at small M: enough loads in flight for the GPU.
 /// Depends on M alone, so results stay reproducible.
 int fused_splits(int64_t tokens);

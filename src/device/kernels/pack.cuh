@@ -253,6 +253,57 @@ __global__ void __launch_bounds__(128) lists_from_masks(MaskListArgs a) {
     if (a.gate && (overflow || total > a.row_limit)) zero_inactive_units(masks, a.gate + row * a.ldg, a.h, lane);
 }
 
+/// lists_from_masks's work for one row by a whole block (fwd_u's, when it reads the masked GEMM's
+/// words itself: one launch and its chain of round trips fewer). The same outputs (idx, count,
+/// row_nnz, the dense list, neuron counts, a dense-path row's inactive values zeroed), and the
+/// row's first `ell` units into `s_col`. `s_warp`: blockDim.x / 32 ints of shared memory.
+/// Returns what count[row] now holds: the units, or -1 / -2 for a dense-path row.
+__device__ inline int block_list_from_masks(const MaskListArgs &a, int64_t row, int32_t *s_col, int ell, int *s_warp) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const int words_per_tile = a.tile / 32;  // 2, 4 or 8 adjacent lanes, as in lists_from_masks
+    const uint32_t *masks = a.masks + row * a.words;
+    uint16_t *idx = a.idx + row * a.cap;
+    int total = 0;
+    bool overflow = false;
+    for (int64_t w0 = 0; w0 < a.words; w0 += blockDim.x) {  // a block-wide pass per blockDim.x words
+        const int64_t w = w0 + threadIdx.x;
+        uint32_t bits = w < a.words ? __ldcs(masks + w) : 0u;
+        const int n = __popc(bits);
+        int tile_count = n;
+        for (int o = 1; o < words_per_tile; o <<= 1) tile_count += __shfl_xor_sync(kFullMask, tile_count, o);
+        overflow |= tile_count > a.slots;
+        const int incl = warp_scan_incl(n);
+        if (lane == 31) s_warp[warp] = incl;
+        __syncthreads();
+        int before = total, pass = 0;
+        for (int k = 0; k < warps; ++k) {
+            before += k < warp ? s_warp[k] : 0;
+            pass += s_warp[k];
+        }
+        __syncthreads();  // s_warp is read: the next pass may write it
+        int pos = before + incl - n;
+        while (bits) {
+            const int b = __ffs(bits) - 1;
+            bits &= bits - 1;
+            const int64_t col = w * 32 + b;
+            if (pos < a.cap) idx[pos] = static_cast<uint16_t>(col);
+            if (pos < ell) s_col[pos] = static_cast<int32_t>(min(col, a.h - 1));  // as fwd_u reads idx
+            ++pos;
+            if (a.neuron_counts) atomicAdd(a.neuron_counts + col, 1ull);
+        }
+        total += pass;
+    }
+    overflow = __syncthreads_or(overflow);
+    if (threadIdx.x == 0) record_row(row, total, overflow, a.row_limit, a.count, a.row_nnz, a.dense_rows, a.dense_count);
+    if (!(overflow || total > a.row_limit)) return total;
+    // a dense-path row: its inactive values zeroed (the masked GEMM wrote only the active ones),
+    // a warp per stretch of 256 columns
+    if (a.gate)
+        for (int64_t c0 = static_cast<int64_t>(warp) * 256; c0 < a.h; c0 += static_cast<int64_t>(warps) * 256)
+            zero_inactive_units(masks + c0 / 32, a.gate + row * a.ldg + c0, min(static_cast<int64_t>(256), a.h - c0), lane);
+    return overflow ? -1 : -2;
+}
+
 /// Per-unit activation counts of a dense forward, by columns: each thread counts 8 adjacent
 /// units over `rows` rows (count_rows_per_block) and adds once, instead of one atomic per active
 /// (token, unit), which at 900 active units per token contended on 5632 counters (ncu: the

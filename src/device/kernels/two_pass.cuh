@@ -7,6 +7,7 @@
 #include "common/values.cuh"
 #include "common/warp.cuh"
 #include "kernels/fp8_rows.cuh"
+#include "kernels/pack.cuh"
 
 namespace twblas::cuda {
 
@@ -44,6 +45,7 @@ template <class T> struct FwdArgs {
     Fp8Rows fp8;  // the rows as FP8 (the kernels' FP8 instances read these instead of `pair`)
     const int32_t *dense_rows;  // the dense path's rows (FP8: fwd_u_dense_rows, fwd_y_dense_rows)
     const uint32_t *dense_count;
+    MaskListArgs lists;  // lists.masks set: fwd_u lists its row from the masked GEMM's words itself
 };
 
 /// A token's l1: lane 0 of each warp holds its warp's sum; added in warp order (deterministic).
@@ -68,19 +70,32 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdA
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 sx[];  // x_t as dp / E chunks (gated), then the row's units and gate values
     __shared__ float warp_l1[kFwdUWarps];
+    __shared__ int s_warp[kFwdUWarps];
     const int64_t row = blockIdx.x;
-    const int n = min(a.count[row], a.ell);
-    if (n < 0) return;  // the dense path
     const int nchunks = a.gated ? static_cast<int>(a.dp / E) : 0;
     int32_t *s_col = reinterpret_cast<int32_t *>(sx + nchunks);
     float *s_g = reinterpret_cast<float *>(s_col + a.ell);
     const int64_t base = row * a.ell;
-    for (int k = threadIdx.x; k < n; k += blockDim.x) {
-        const int32_t col = static_cast<int32_t>(min(static_cast<int64_t>(a.idx[base + k]), a.h - 1));
-        s_col[k] = col;
-        s_g[k] = gate_value<T>(a.gate, row * a.ldg + col, a.gate_f32);
+    int n;
+    if (a.lists.masks) {
+        // the row's list from the words (lists_from_masks's work): x_t's loads go first, so that
+        // they are in flight while the words are read
+        if (a.gated) stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
+        n = block_list_from_masks(a.lists, row, s_col, a.ell, s_warp);
+        if (n < 0) return;  // the dense path
+        n = min(n, a.ell);
+        __syncthreads();  // s_col
+        for (int k = threadIdx.x; k < n; k += blockDim.x) s_g[k] = gate_value<T>(a.gate, row * a.ldg + s_col[k], a.gate_f32);
+    } else {
+        n = min(a.count[row], a.ell);
+        if (n < 0) return;  // the dense path
+        for (int k = threadIdx.x; k < n; k += blockDim.x) {
+            const int32_t col = static_cast<int32_t>(min(static_cast<int64_t>(a.idx[base + k]), a.h - 1));
+            s_col[k] = col;
+            s_g[k] = gate_value<T>(a.gate, row * a.ldg + col, a.gate_f32);
+        }
+        if (a.gated) stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
     }
-    if (a.gated) stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float l1 = 0.0f;
