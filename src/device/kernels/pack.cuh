@@ -191,6 +191,27 @@ struct MaskListArgs {
 
 constexpr int kMaskAhead = 4;
 
+/// The units of one mask word (`bits`, word `w`) at list positions pos, pos + 1, ...: into `idx`
+/// (up to the list's capacity) and the neuron counts; `also(pos, unit)` for each.
+template <class F>
+__device__ inline void list_word_units(const MaskListArgs &a, uint16_t *idx, uint32_t bits, int64_t w, int pos, F &&also) {
+    while (bits) {
+        const int64_t unit = w * 32 + __ffs(bits) - 1;
+        bits &= bits - 1;
+        if (pos < a.cap) idx[pos] = static_cast<uint16_t>(unit);
+        also(pos, unit);
+        ++pos;
+        if (a.neuron_counts) atomicAdd(a.neuron_counts + unit, 1ull);
+    }
+}
+
+/// Whether the tile this lane's word belongs to holds more units than its slots (the tile's
+/// words are `words_per_tile` adjacent lanes).
+__device__ inline bool tile_over_slots(int n, int words_per_tile, int slots) {
+    for (int o = 1; o < words_per_tile; o <<= 1) n += __shfl_xor_sync(kFullMask, n, o);
+    return n > slots;
+}
+
 /// Zeroes the values of a gate row at its inactive units (the masked GEMM wrote only the active
 /// ones), so that the dense path reads the row whole: one warp, 8-column chunks over its lanes,
 /// chunks without an active unit written without being read.
@@ -231,21 +252,10 @@ __global__ void __launch_bounds__(128) lists_from_masks(MaskListArgs a) {
 #pragma unroll
         for (int s = 0; s < kMaskAhead; ++s) {
             if (w0 + s * 32 >= a.words) break;  // the same for the whole warp
-            uint32_t bits = ws[s];
-            const int n = __popc(bits);
-            int tile_count = n;
-            for (int o = 1; o < words_per_tile; o <<= 1) tile_count += __shfl_xor_sync(kFullMask, tile_count, o);
-            overflow |= __any_sync(kFullMask, tile_count > a.slots);
+            const int n = __popc(ws[s]);
+            overflow |= __any_sync(kFullMask, tile_over_slots(n, words_per_tile, a.slots));
             const int incl = warp_scan_incl(n);
-            int pos = total + incl - n;
-            const int64_t base = (w0 + s * 32 + lane) * 32;
-            while (bits) {
-                const int b = __ffs(bits) - 1;
-                bits &= bits - 1;
-                if (pos < a.cap) idx[pos] = static_cast<uint16_t>(base + b);
-                ++pos;
-                if (a.neuron_counts) atomicAdd(a.neuron_counts + base + b, 1ull);
-            }
+            list_word_units(a, idx, ws[s], w0 + s * 32 + lane, total + incl - n, [](int, int64_t) {});
             total += __shfl_sync(kFullMask, incl, 31);
         }
     }
@@ -267,11 +277,9 @@ __device__ inline int block_list_from_masks(const MaskListArgs &a, int64_t row, 
     bool overflow = false;
     for (int64_t w0 = 0; w0 < a.words; w0 += blockDim.x) {  // a block-wide pass per blockDim.x words
         const int64_t w = w0 + threadIdx.x;
-        uint32_t bits = w < a.words ? __ldcs(masks + w) : 0u;
+        const uint32_t bits = w < a.words ? __ldcs(masks + w) : 0u;
         const int n = __popc(bits);
-        int tile_count = n;
-        for (int o = 1; o < words_per_tile; o <<= 1) tile_count += __shfl_xor_sync(kFullMask, tile_count, o);
-        overflow |= tile_count > a.slots;
+        overflow |= tile_over_slots(n, words_per_tile, a.slots);
         const int incl = warp_scan_incl(n);
         if (lane == 31) s_warp[warp] = incl;
         __syncthreads();
@@ -281,16 +289,9 @@ __device__ inline int block_list_from_masks(const MaskListArgs &a, int64_t row, 
             pass += s_warp[k];
         }
         __syncthreads();  // s_warp is read: the next pass may write it
-        int pos = before + incl - n;
-        while (bits) {
-            const int b = __ffs(bits) - 1;
-            bits &= bits - 1;
-            const int64_t col = w * 32 + b;
-            if (pos < a.cap) idx[pos] = static_cast<uint16_t>(col);
-            if (pos < ell) s_col[pos] = static_cast<int32_t>(min(col, a.h - 1));  // as fwd_u reads idx
-            ++pos;
-            if (a.neuron_counts) atomicAdd(a.neuron_counts + col, 1ull);
-        }
+        list_word_units(a, idx, bits, w, before + incl - n, [&](int pos, int64_t unit) {
+            if (pos < ell) s_col[pos] = static_cast<int32_t>(min(unit, a.h - 1));  // as fwd_u reads idx
+        });
         total += pass;
     }
     overflow = __syncthreads_or(overflow);
