@@ -198,7 +198,7 @@ ContainerOps::ContainerOps(const DeviceInfo &device)
 unsigned ContainerOps::stride_blocks(int64_t rows) const { return std::min(row_blocks(rows), full_grid_); }
 
 ContainerOps::Slots ContainerOps::slots(cudaStream_t stream) {
-    if (slot_held_ && held_stream_ != stream) check(cudaStreamSynchronize(held_stream_), "cudaStreamSynchronize");
+    if (slot_held_ && held_stream_ != stream) check(cudaStreamWaitEvent(stream, writer_done_.get(), 0), "cudaStreamWaitEvent");
     slot_held_ = false;
     auto *r = result_.get<InspectResult>();
     return {r + slot_, r + (slot_ ^ 1)};
@@ -398,6 +398,7 @@ twStatus_t ContainerOps::sparse_to_dense(cudaStream_t stream, const twSpMatDescr
         launch_dependent(twell_rows_to_dense, dim3(row_blocks(in.rows)), dim3(32 * kWarpsPerRowBlock), 0, stream, pdl_,
                          "cudaLaunchKernelEx(twell_rows_to_dense)", container_args(in), dense,
                          reinterpret_cast<uintptr_t>(in.buffer) % 16 == 0, verdict, published<InspectResult>(), posted);
+        check(cudaEventRecord(writer_done_.get(), stream), "cudaEventRecord");
         // the status is known once the writer's first thread has the verdict: the call returns
         // then, and the rows are written in the stream's order (as cuSPARSE's are), so that the
         // next call's kernels queue while they are

@@ -112,8 +112,8 @@ class ContainerOps {
     };
     /// The slots for a call on `stream`. A TwELL -> dense call returns once its verdict is
     /// posted, while its writer still reads the verdict's slot; a call on another stream first
-    /// waits for that writer, so that it never overwrites the slot under it (same stream: the
-    /// stream's order does it).
+    /// orders itself after that writer (writer_done_), so that it never overwrites the slot under
+    /// it (same stream: the stream's order does it).
     Slots slots(cudaStream_t stream);
     void advance() { slot_ ^= 1; }
     /// Copies `bytes` at `src` to `dst` after the stream's work and waits for it: through pinned
@@ -134,6 +134,7 @@ class ContainerOps {
     bool pdl_;                // DeviceInfo::pdl: twell_rows_to_dense by programmatic dependent launch
     bool slot_held_ = false;  // a twell_rows_to_dense on held_stream_ may still read a slot
     cudaStream_t held_stream_ = nullptr;
+    OrderEvent writer_done_;  // recorded after that writer (the stream may be gone by the next call)
     unsigned full_grid_;      // blocks of 4 warps that fill the GPU once (16 an SM)
     ScratchPool scratch_pool_;  // the sparse -> sparse conversions' temporaries
     MappedHost<Staging> staging_;  // the pinned landing place of every small read-back

@@ -64,4 +64,17 @@ template <class T> class MappedHost {
     T *device_ = nullptr;
 };
 
+/// A CUDA event for ordering only (no timing), owned.
+class OrderEvent {
+  public:
+    OrderEvent() { check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags"); }
+    ~OrderEvent() { cudaEventDestroy(event_); }
+    OrderEvent(const OrderEvent &) = delete;
+    OrderEvent &operator=(const OrderEvent &) = delete;
+    cudaEvent_t get() const { return event_; }
+
+  private:
+    cudaEvent_t event_ = nullptr;
+};
+
 }  // namespace twblas::cuda
