@@ -5,6 +5,10 @@
 # build; the variant's folder holds only src/libtwblas.so*.
 #   scripts/variant-lib.sh BUILD_DIR OUT_DIR "DEFINES" SOURCE...
 #   e.g. scripts/variant-lib.sh build build-var-a "-DTWBLAS_SERVE_GATE_CHUNKS=4" device/ffn_forward.cu
+# Name every source that includes a header whose types differ between the two trees (a class's
+# members, a kernel's arguments): objects compiled against another layout of the same class break
+# at run time (a baseline of container_ops.cu alone, after ContainerOps gained members, failed in
+# the benchmark with "invalid argument"; container_ops.cu and backend_cuda.cu together ran).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "$1" && pwd) out=$2 defines=$3
