@@ -69,6 +69,17 @@ TEST_CASE("CUDA FFN: the masked gate GEMM's path (sm_90) at sizes off its tiles,
         c.seed = ++seed;
         check_forward_case(c);
     }
+    // H past 8192 units: more active-unit words than fwd_u's 256 threads, so fwd_u lists its row
+    // from them in two block-wide passes (up to kFwdUListsMaxTokens tokens); heavy rows too
+    for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy}) {
+        FfnCase c;
+        c.profile = profile;
+        c.m = 300;
+        c.d = 136;
+        c.h = 8500;
+        c.seed = ++seed;
+        check_forward_case(c);
+    }
 }
 
 TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the reference", "[cuda][ffn]") {
