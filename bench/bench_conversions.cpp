@@ -7,6 +7,9 @@
 //   conv/twblas_dense_to_twell_convert  twDenseToSparse_convert alone into that TwELL (a user
 //                                 refilling a container sized once: convert reports capacity itself)
 //   conv/twblas_twell_to_dense    twSparseToDense of that TwELL
+//   conv/twblas_twell_to_dense_queued, conv/cusparse_csr_to_dense_queued: the same calls, eight
+//                                 queued before each synchronisation, per call (a caller that
+//                                 queues work behind them)
 //   conv/twblas_twell_validate    twSpMatValidate of it;  conv/twblas_twell_info: twSpMatGetInfo
 //   conv/twblas_dense_to_hybrid   twDenseToSparse_analysis + _convert into a hybrid (ELL width 64,
 //                                 a backup row for every row over it)
@@ -270,19 +273,22 @@ std::string to_dense_differs(Activation &a, twSpMatDescr_t s, bool transposed) {
 }
 
 /// Host wall time of one call sequence up to the end of its work on env.stream, after warm-up
-/// calls; `call(run)` rotates over the instances where it has several.
+/// calls; `call(run)` rotates over the instances where it has several. With `queued` > 1, that
+/// many calls go before the synchronisation and the time is divided by them: what a caller who
+/// queues work behind each call sees (the _queued entries).
 template <class F>
-void time_host(benchmark::State &state, F &&call) {
+void time_host(benchmark::State &state, F &&call, int queued = 1) {
     int run = 0;
     for (int i = 0; i < 2; ++i) call(run++);  // warm-up
     ck(cudaStreamSynchronize(env.stream), "warm-up");
     for (auto _ : state) {
         const auto t0 = std::chrono::steady_clock::now();
-        call(run++);
+        for (int q = 0; q < queued; ++q) call(run++);
         ck(cudaStreamSynchronize(env.stream), "cudaStreamSynchronize");
-        state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / queued);
     }
 }
+constexpr int kQueuedCalls = 8;
 
 void add_counters(benchmark::State &state, const Activation &a, double bytes) {
     state.counters["bw"] =
@@ -332,16 +338,23 @@ void bm_dense_to_twell_convert(benchmark::State &state, Shape, std::string profi
     add_counters(state, a, dense_bytes(m, kShape.h) + conv->out().bytes);
 }
 
-void bm_twell_to_dense(benchmark::State &state, Shape, std::string profile, int64_t, int64_t m) {
+void twell_to_dense(benchmark::State &state, const std::string &profile, int64_t m, int queued) {
     Activation &a = activation(profile, m);
     auto conv = filled_twell(state, a);
     if (!conv || !verified(state, a, "twell round trip", [&] { return to_dense_differs(a, conv->out().descr, false); }))
         return;
     DeviceMemory out(dense_count(m) * 2);
     const Dn d = dense_descr(out.get(), m, kShape.h);
-    time_host(state,
-              [&](int) { ck(twSparseToDense(a.handle, conv->out().descr, d.get()), a.handle, "twSparseToDense"); });
+    time_host(
+        state, [&](int) { ck(twSparseToDense(a.handle, conv->out().descr, d.get()), a.handle, "twSparseToDense"); },
+        queued);
     add_counters(state, a, dense_bytes(m, kShape.h) + conv->out().bytes);
+}
+void bm_twell_to_dense(benchmark::State &state, Shape, std::string profile, int64_t, int64_t m) {
+    twell_to_dense(state, profile, m, 1);
+}
+void bm_twell_to_dense_queued(benchmark::State &state, Shape, std::string profile, int64_t, int64_t m) {
+    twell_to_dense(state, profile, m, kQueuedCalls);
 }
 
 void bm_twell_validate(benchmark::State &state, Shape, std::string profile, int64_t, int64_t m) {
@@ -555,14 +568,20 @@ void bm_cusparse_dense_to_csr(benchmark::State &state, Shape, std::string profil
     add_counters(state, a, dense_bytes(m, kShape.h) + csr.bytes());
 }
 
-void bm_cusparse_csr_to_dense(benchmark::State &state, Shape, std::string profile, int64_t, int64_t m) {
+void csr_to_dense(benchmark::State &state, const std::string &profile, int64_t m, int queued) {
     Activation &a = activation(profile, m);
     DeviceMemory out(dense_count(m) * 2);
     Csr csr(a, out);
     if (!verified(state, a, "csr round trip", [&] { return csr.round_trip_differs(out); })) return;
     csr.to_csr(0);
-    time_host(state, [&](int) { csr.to_dense(); });
+    time_host(state, [&](int) { csr.to_dense(); }, queued);
     add_counters(state, a, dense_bytes(m, kShape.h) + csr.bytes());
+}
+void bm_cusparse_csr_to_dense(benchmark::State &state, Shape, std::string profile, int64_t, int64_t m) {
+    csr_to_dense(state, profile, m, 1);
+}
+void bm_cusparse_csr_to_dense_queued(benchmark::State &state, Shape, std::string profile, int64_t, int64_t m) {
+    csr_to_dense(state, profile, m, kQueuedCalls);
 }
 
 std::string conv_name(const char *variant, const std::string &profile, int64_t m) {
@@ -579,6 +598,8 @@ void register_conversions() {
         {"twblas_dense_to_hybrid", bm_dense_to_hybrid},      {"twblas_hybrid_transpose", bm_hybrid_transpose},
         {"cusparse_dense_to_csr", bm_cusparse_dense_to_csr}, {"cusparse_csr_to_dense", bm_cusparse_csr_to_dense},
         {"twblas_gemm_to_twell", bm_gemm_to_twell},          {"cublas_gate_gemm", bm_cublas_gate_gemm},
+        {"twblas_twell_to_dense_queued", bm_twell_to_dense_queued},
+        {"cusparse_csr_to_dense_queued", bm_cusparse_csr_to_dense_queued},
     };
     for (const char *profile : {"uniform-29", "llm-29"})
         for (int64_t m : {4096, 16384, 65536})  // each (profile, M) group runs on one generated matrix
