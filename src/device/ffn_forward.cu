@@ -1,7 +1,8 @@
 // The forward of the fused FFN. After the gate GEMM (cuBLASLt, tensor cores):
 //   pack       one warp per token turns its gate row into the list of active units, flags rows
 //              with a TwELL tile over capacity or too many units (the dense path) and counts
-//              each unit's activations;
+//              each unit's activations (after the masked gate GEMM from its active-unit words:
+//              lists_from_masks, or up to kFwdUListsMaxTokens fwd_u's own blocks);
 //   dense path the first rows of the dense list through cuBLAS GEMMs of a capacity taken from
 //              the measured statistics, any beyond through the gathered GEMM whose row count is
 //              read on the device: exact for any sparsity, no host sync;
