@@ -77,9 +77,7 @@ class ContainerOps {
     /// Waits for the stream's work, then reads what its kernels published.
     template <class T> T read_published(cudaStream_t stream) {
         check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-        T v;
-        std::memcpy(&v, const_cast<const Staging *>(staging_.host())->bytes, sizeof v);
-        return v;
+        return staged<T>();
     }
     /// For a call whose status is decided before its last kernel ends: clears the posted word,
     /// which a kernel sets (system-scope release) after publishing; returns its device address.
@@ -88,11 +86,15 @@ class ContainerOps {
     /// published. The kernels after the post go on in the stream, as a compute call's do.
     template <class T> T await_posted(cudaStream_t stream) {
         wait_for_post(stream);
+        return staged<T>();
+    }
+    void wait_for_post(cudaStream_t stream);
+    /// What the staging memory holds now.
+    template <class T> T staged() const {
         T v;
         std::memcpy(&v, const_cast<const Staging *>(staging_.host())->bytes, sizeof v);
         return v;
     }
-    void wait_for_post(cudaStream_t stream);
     /// Validates `in` and refuses one that records rows it could not hold (INCOMPLETE_INPUT).
     void require_complete(cudaStream_t stream, const twSpMatDescr &in);
     /// validate(), returning what the device found (the record / backup count included).

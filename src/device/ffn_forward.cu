@@ -461,6 +461,29 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
 
 // ---- the sequences
 
+/// The gate, the unit lists and the sparse rows (inference and training alike). The cuBLAS part
+/// of the dense path reads the dense list, so it runs after the lists' maker: before the sparse
+/// kernels, or after them where fwd_u makes the lists (path.lists_in_fwd_u; the rows are
+/// disjoint).
+template <class T>
+void enqueue_gate_and_sparse_rows(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
+                                  const twDnMatDescr &x, const FfnWeights &w, const MatrixArg &xa, const MatrixArg &ya,
+                                  const FfnScratch &s, bool write_hidden) {
+    run_gate_and_lists<T>(stream, st, p, path, x, s, write_hidden);
+    auto dense_path_cublas = [&] {
+        if constexpr (!std::is_same_v<T, float>)
+            if (path.cublas_rows > 0) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, write_hidden);
+    };
+    if (!path.lists_in_fwd_u) dense_path_cublas();
+    if (path.two_pass) {
+        const MaskListArgs lists = mask_list_args(p, s, st.neuron_counts());
+        launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl, path.lists_in_fwd_u ? &lists : nullptr);
+    } else {
+        launch_fused<T>(stream, p, w, xa, ya, s, write_hidden);
+    }
+    if (path.lists_in_fwd_u) dense_path_cublas();
+}
+
 template <class T>
 void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
                        const twDnMatDescr &x, const twDnMatDescr &y, const twSpMatDescr *hidden, void *workspace) {
@@ -492,20 +515,7 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
             launch_finish<T>(stream, st, p, s, false, 0, hidden);
         return;
     }
-    run_gate_and_lists<T>(stream, st, p, path, x, s, hidden != nullptr);
-    // the cuBLAS part of the dense path reads the dense list: after its maker (rows disjoint from
-    // the sparse kernels')
-    auto dense_path_cublas = [&] {
-        if constexpr (!std::is_same_v<T, float>)
-            if (path.cublas_rows > 0) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, hidden != nullptr);
-    };
-    const MaskListArgs lists = mask_list_args(p, s, st.neuron_counts());
-    if (!path.lists_in_fwd_u) dense_path_cublas();
-    if (path.two_pass)
-        launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl, path.lists_in_fwd_u ? &lists : nullptr);
-    else
-        launch_fused<T>(stream, p, w, xa, ya, s, hidden != nullptr);
-    if (path.lists_in_fwd_u) dense_path_cublas();
+    enqueue_gate_and_sparse_rows<T>(stream, st, p, path, x, w, xa, ya, s, hidden != nullptr);
     if constexpr (!std::is_same_v<T, float>) {
         if (p.fp8) launch_fp8_dense_rows<T>(stream, st, p, w, xa, ya, s);
     }
@@ -548,15 +558,7 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
         check_launch("all_rows_dense");
         return;
     }
-    run_gate_and_lists<T>(stream, st, p, path, x, s, false);
-    auto dense_path_cublas = [&] {  // after the dense list's maker, as in inference
-        if constexpr (!std::is_same_v<T, float>)
-            if (path.cublas_rows > 0) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, false);
-    };
-    const MaskListArgs lists = mask_list_args(p, s, st.neuron_counts());
-    if (!path.lists_in_fwd_u) dense_path_cublas();
-    launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl, path.lists_in_fwd_u ? &lists : nullptr);
-    if (path.lists_in_fwd_u) dense_path_cublas();
+    enqueue_gate_and_sparse_rows<T>(stream, st, p, path, x, w, xa, ya, s, false);  // two-pass: path.two_pass
     launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
     launch_finish<T>(stream, st, p, s, true, path.cublas_rows, nullptr);
 }
