@@ -28,7 +28,7 @@
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
 //   twblas-bench [--suite=full|profiles|decode|train|train-eager|eager|serving|serving-paper|
-//                         serving-llama|crossover|conversions|fp8|smoke]
+//                         serving-llama|crossover|heavy-rows|conversions|fp8|smoke]
 //                [Google Benchmark flags]
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
@@ -41,6 +41,8 @@
 // (bench_conversions.cpp): twblas's dense <-> TwELL / hybrid conversions, validate, info and the
 // hybrid transpose against cuSPARSE's dense <-> CSR on the FFN hidden activation (uniform-29 and
 // llm-29, M = 4096, 16384, 65536), host time per call sequence, with the copy bandwidth first.
+// Suite heavy-rows: llm-29 and heavy-29 at M = 512 to 4096, the batches whose rows on the dense path
+// decide between dense mode and the sparse path (heuristics::kDenseRowsDenseModeMaxTokens).
 // Suite train-eager: the training step at the PyTorch example's layer sizes (d_model 512 and 1024,
 // uniform-6, 8192 and 16384 tokens), graph-replayed and eager (train_twblas_eager,
 // train_dense_eager: GPU time and host_us per step). Suite fp8: twblas_fp8 (TW_COMPUTE_FP8_WEIGHTS) next to twblas, dense and the gate GEMM at the
@@ -93,6 +95,12 @@ void register_suite(const std::string &suite) {
     if (suite == "fp8") {  // issue 12: TW_COMPUTE_FP8_WEIGHTS next to DEFAULT, dense and the gate GEMM
         register_group(paper, "uniform-29", {64, 512, 4096, 16384, 65536}, false, false);
         for (const char *prof : {"heavy-29", "llm-29"}) register_group(paper, prof, {16384}, false, false);
+        return;
+    }
+    if (suite == "heavy-rows") {  // batches with rows on the dense path: each M its own problem (llm-29: the
+        // first M tokens of a sequence, the first ~100 with hundreds of units; heavy-29: 1 % of rows)
+        for (const char *prof : {"llm-29", "heavy-29"})
+            for (int64_t m : {512, 1024, 2048, 4096}) register_group(paper, prof, {m}, false, false);
         return;
     }
     if (suite == "crossover") {  // the two-pass crossover (heuristics::kTwoPassMinTokens), M = 128 to 1024

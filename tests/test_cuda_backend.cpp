@@ -127,39 +127,71 @@ TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the refer
     CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(1e-6));
 }
 
-TEST_CASE("CUDA FFN: heavy rows through cuBLAS, and past the capacity the statistics suggested", "[cuda][ffn]") {
-    for (bool gated : {true, false})
-        for (int hidden : {0, 1}) {
-            FfnCase c;
-            c.m = 400;
-            c.d = 256;
-            c.h = 1024;
-            c.profile = tt::Profile::Heavy;
-            c.gated = gated;
-            c.hidden = hidden;
-            const tt::FfnProblem prob = tt::make_ffn_problem(problem_spec(c));
-            REQUIRE(!prob.heavy_rows.empty());
-            FfnData data{prob.x, prob.w_gate, prob.w_up, prob.w_down};
-            // the warm-up forward sees 4 heavy rows of 400 (capacity 128); the measured one 300
-            FfnData many = data;
-            for (int64_t r = 0; r < 300; ++r) {
-                const int64_t src = prob.heavy_rows[static_cast<size_t>(r) % prob.heavy_rows.size()];
-                std::copy_n(prob.x.begin() + src * c.d, c.d, many.x.begin() + r * c.d);
-            }
-            for (const FfnData *d : {&data, &many}) {
-                const FfnResult cpu = run_ffn(c, *d, TW_BACKEND_CPU);
-                const FfnResult gpu = run_ffn(c, *d, TW_BACKEND_CUDA, FfnRun().warmed_with(&data.x));
-                const ErrorReport e = compare(gpu.y, cpu.y, c.d);
-                INFO((gated ? "gated" : "plain") << " hidden " << hidden << " rows " << cpu.stats.overflowRows << ": "
-                                                 << e.worst);
-                REQUIRE(cpu.stats.overflowRows >= (d == &data ? 4 : 300));
-                for (double v : gpu.y) REQUIRE(std::isfinite(v));
-                REQUIRE(e.rel <= type_bound(c));
-                CHECK(gpu.stats.overflowRows == cpu.stats.overflowRows);
-                CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(0.01));
-                if (hidden) CHECK(gpu.hidden_info.overflowRows == cpu.hidden_info.overflowRows);
-            }
+TEST_CASE("CUDA FFN: dense mode in the caller's graph and in captured eager calls gives the reference's bits",
+          "[cuda][ffn]") {
+    // small-integer data, so that the reference's bits are the answer whatever the GEMMs' order
+    // of summation (M = 64: the packing pass publishes the statistics; 300: count and finalize do)
+    for (int64_t m : {64, 300}) {
+        FfnCase c;
+        c.integers = true;
+        c.m = m;
+        c.d = 40;
+        c.h = 300;
+        c.hidden = 1;
+        INFO(describe(c));
+        const FfnData data = make_data(c);
+        const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
+        REQUIRE(cpu.stats.meanRowNnz > 300.0 / 128);  // the warm-up forward puts the FFN in dense mode
+        const FfnResult replayed =
+            run_ffn(c, data, TW_BACKEND_CUDA, FfnRun().warmed_with(&data.x).times(3).replayed(graph_replay));
+        // the second eager call is captured into a graph, the later ones replay it
+        const FfnResult eager = run_ffn(c, data, TW_BACKEND_CUDA, FfnRun().warmed_with(&data.x).times(4));
+        for (const FfnResult *g : {&replayed, &eager}) {
+            REQUIRE(g->y_bits == cpu.y_bits);
+            CHECK(g->hidden_bits == cpu.hidden_bits);
+            const int64_t forwards = g == &replayed ? 4 : 5;  // the warm-up's included
+            for (size_t j = 0; j < cpu.counts.size(); ++j) REQUIRE(g->counts[j] == forwards * cpu.counts[j]);
         }
+    }
+}
+
+TEST_CASE("CUDA FFN: heavy rows through cuBLAS, and past the capacity the statistics suggested", "[cuda][ffn]") {
+    // M = 400: after the warm-up's heavy rows the FFN runs in dense mode (up to 512 tokens,
+    // heuristics::kDenseRowsDenseModeMaxTokens); 600: the dense path (cuBLAS GEMMs over the rows
+    // the statistics suggested, the gathered GEMM past them) beside the sparse rows
+    for (int64_t m : {400, 600})
+        for (bool gated : {true, false})
+            for (int hidden : {0, 1}) {
+                FfnCase c;
+                c.m = m;
+                c.d = 256;
+                c.h = 1024;
+                c.profile = tt::Profile::Heavy;
+                c.gated = gated;
+                c.hidden = hidden;
+                const tt::FfnProblem prob = tt::make_ffn_problem(problem_spec(c));
+                REQUIRE(!prob.heavy_rows.empty());
+                FfnData data{prob.x, prob.w_gate, prob.w_up, prob.w_down};
+                // the warm-up forward sees 1 % heavy rows (capacity 128); the measured one 300
+                FfnData many = data;
+                for (int64_t r = 0; r < 300; ++r) {
+                    const int64_t src = prob.heavy_rows[static_cast<size_t>(r) % prob.heavy_rows.size()];
+                    std::copy_n(prob.x.begin() + src * c.d, c.d, many.x.begin() + r * c.d);
+                }
+                for (const FfnData *d : {&data, &many}) {
+                    const FfnResult cpu = run_ffn(c, *d, TW_BACKEND_CPU);
+                    const FfnResult gpu = run_ffn(c, *d, TW_BACKEND_CUDA, FfnRun().warmed_with(&data.x));
+                    const ErrorReport e = compare(gpu.y, cpu.y, c.d);
+                    INFO("M " << m << (gated ? " gated" : " plain") << " hidden " << hidden << " rows "
+                              << cpu.stats.overflowRows << ": " << e.worst);
+                    REQUIRE(cpu.stats.overflowRows >= (d == &data ? m / 100 : 300));
+                    for (double v : gpu.y) REQUIRE(std::isfinite(v));
+                    REQUIRE(e.rel <= type_bound(c));
+                    CHECK(gpu.stats.overflowRows == cpu.stats.overflowRows);
+                    CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(0.01));
+                    if (hidden) CHECK(gpu.hidden_info.overflowRows == cpu.hidden_info.overflowRows);
+                }
+            }
 }
 
 TEST_CASE("CUDA FFN: graph capture replays the deterministic bits", "[cuda][ffn]") {

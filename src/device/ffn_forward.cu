@@ -10,7 +10,8 @@
 //   finish     statistics reduced in a fixed order, published for the path choice, and the
 //              optional hidden output.
 // Decode (a few tokens) does gate, packing and projections in one kernel instead; dense mode
-// (many active units, as an earlier forward measured) runs the projections as cuBLAS GEMMs.
+// (many active units, or up to 512 tokens rows on the dense path, as an earlier forward measured)
+// runs the projections as cuBLAS GEMMs, its statistics on a branch beside the down GEMM.
 #include "ffn_forward.hpp"
 
 #include <algorithm>
@@ -69,7 +70,9 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
     // deterministic mode never switches (bits would depend on history); fp32 intermediates have
     // no cuBLAS form here, so they stay sparse too
     const bool cublas = !p.deterministic && p.cublas_ok() && rows_16bit && p.m > 0;
-    path.dense_mode = !path.serve && !path.decode && cublas && st.dense_mode && y.order == TW_ORDER_ROW && y.ld % 8 == 0;
+    path.dense_mode = !path.serve && !path.decode && cublas &&
+                      (st.dense_mode || heuristics::dense_rows_favour_dense_mode(st.dense_row_fraction, p.m)) &&
+                      y.order == TW_ORDER_ROW && y.ld % 8 == 0;
     path.masked_gate = !path.serve && !path.decode && !path.dense_mode && st.masked_gate && p.cublas_ok() &&
                        p.m >= heuristics::kMaskedGateMinTokens && x.order == TW_ORDER_ROW &&
                        // X and the weights decide; the workspace carver puts the gate on 16 bytes
@@ -197,14 +200,15 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
                      dim3(32 * kServeDownWarps), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_down)", a);
 }
 
-/// Where dense mode keeps z, u and h (M x ldg each): the inference forward forms h over z in its
-/// workspace; a training forward with save_dense keeps z and u in the saved state.
+/// Where dense mode keeps z, u and h (M x ldg each): h over u in the workspace (z stays for the
+/// statistics), or with save_dense z and u in the saved state and h in the workspace.
 struct DenseModeBuffers {
     void *z, *up, *h;
 };
 
-/// The packing pass: unit lists (sparse paths), or h and each row's l1 (dense mode, `dense`).
-/// With `stats` (dense mode) the pass also publishes the statistics (finalize's work).
+/// The packing pass: unit lists (sparse paths), or each row's statistics and l1 from z and h
+/// (dense mode, `dense`). With `stats` (dense mode) the pass also publishes the statistics
+/// (finalize's work).
 template <class T>
 void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
                  bool zero_inactive, const DenseModeBuffers *dense = nullptr, FfnStatsBlock *stats = nullptr,
@@ -213,9 +217,8 @@ void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, 
     const bool dense_mode = dense != nullptr;
     PackArgs<T> pk{dense_mode ? dense->z : s.gate, s.ldg, p.m, p.h, p.gate_f32(), zero_inactive, p.tile, p.slots,
                    s.cap, s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
-                   dense_mode && p.gated ? static_cast<const T *>(dense->up) : nullptr, dense_mode, s.row_l1,
-                   dense_mode ? static_cast<T *>(dense->h) : nullptr, dense_mode ? stats : nullptr, publish,
-                   s.header + 1};
+                   dense_mode ? static_cast<const T *>(dense->h) : nullptr, dense_mode, s.row_l1,
+                   dense_mode ? stats : nullptr, publish, s.header + 1};
     if (dense_mode)  // a block per row
         pack_rows<T><<<static_cast<unsigned>(p.m), 32 * kPackDenseWarps, 0, stream>>>(pk);
     else
@@ -412,38 +415,14 @@ void run_dense_path_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProbl
     check_launch("scatter_rows");
 }
 
-/// Dense mode: z = X Wg^T and the up projection of every row (gated) by cuBLAS, h and each row's
-/// statistics in one pass over them (pack), then the down projection. Up to
-/// heuristics::kDenseModeFoldMaxTokens tokens the pass also counts the active units and publishes
-/// the statistics (true: no finalize to launch); past it count_active_columns and finalize do.
-template <class T>
-bool run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
-                    const twDnMatDescr &x, const twDnMatDescr &y, const DenseModeBuffers &b) {
-    FfnScratch zs = s;
-    zs.gate = b.z;
-    run_gate_gemm(stream, st, p, gemm_operand(x), zs);
-    if (p.gated)
-        st.gemm.run(stream, 1.0f, gemm_operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
-                    {b.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
-    const bool fold = p.m <= heuristics::kDenseModeFoldMaxTokens;
-    if (fold) {
-        launch_pack<T>(stream, p, s, st.neuron_counts(), false, &b, st.stats_block(), st.feedback.device());
-    } else {
-        launch_count_dense<T>(stream, p, b.z, s.ldg, st.neuron_counts());
-        launch_pack<T>(stream, p, s, nullptr, false, &b);
-    }
-    st.gemm.run(stream, 1.0f, {b.h, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
-                {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type}, s.lt_workspace,
-                s.lt_bytes);
-    return fold;
-}
-
 /// The optional hidden output from h, which the gate buffer now holds (inactive units zeroed, or
-/// outside the gate's mask); PLAIN keeps every stored pattern but +0, as the reference does.
+/// outside the gate's mask; dense mode: `h_values`, ldg apart); PLAIN keeps every stored pattern
+/// but +0, as the reference does.
 inline void write_hidden_from_gate(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s,
-                                   const twSpMatDescr *hidden, const ActiveMask &gate_mask = {}) {
+                                   const twSpMatDescr *hidden, const ActiveMask &gate_mask = {},
+                                   void *h_values = nullptr) {
     if (!hidden) return;
-    const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, p.gate_f32() ? TW_R_32F : p.type};
+    const MatrixArg h{h_values ? h_values : s.gate, p.m, p.h, s.ldg, 1, p.gate_f32() ? TW_R_32F : p.type};
     write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags, gate_mask);
 }
 
@@ -457,6 +436,40 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
                      s.gate, s.ldg, p.h, p.gate_f32(), !p.gated, s.dense_rows, s.dense_count, dense_l1, first, p.m,
                      s.row_nnz, s.count, s.row_l1, s.header + 1, st.stats_block(), st.feedback.device());
     write_hidden_from_gate(stream, p, s, hidden, gate_mask);
+}
+
+/// Dense mode: z = X Wg^T and the up projection of every row (gated) by cuBLAS, h by one
+/// element-wise pass, then the down projection by cuBLAS; the statistics (which read z and h) on
+/// a branch beside the down GEMM, joined before the call's later work. Up to
+/// heuristics::kDenseModeFoldMaxTokens tokens one pass counts the active units, forms each row's
+/// statistics and publishes them; past it count_active_columns, that pass and finalize do.
+template <class T>
+void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
+                    const twDnMatDescr &x, const twDnMatDescr &y, const DenseModeBuffers &b) {
+    FfnScratch zs = s;
+    zs.gate = b.z;
+    run_gate_gemm(stream, st, p, gemm_operand(x), zs);
+    if (p.gated)
+        st.gemm.run(stream, 1.0f, gemm_operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
+                    {b.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
+    const int64_t chunks = p.m * (s.ldg / 8);
+    form_hidden<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(chunks, 256), 8 * st.sm_count))),
+                     256, 0, stream>>>(static_cast<const T *>(b.z), p.gated ? static_cast<const T *>(b.up) : nullptr,
+                                       static_cast<T *>(b.h), s.ldg, p.m, p.h);
+    check_launch("form_hidden");
+    // the statistics took 8-10 us at 64 tokens on an H100 (ncu): beside the GEMM, off the path
+    const cudaStream_t side = st.branch.fork(stream);
+    if (p.m <= heuristics::kDenseModeFoldMaxTokens) {
+        launch_pack<T>(side, p, s, st.neuron_counts(), false, &b, st.stats_block(), st.feedback.device());
+    } else {
+        launch_count_dense<T>(side, p, b.z, s.ldg, st.neuron_counts());
+        launch_pack<T>(side, p, s, nullptr, false, &b);
+        launch_finish<T>(side, st, p, s, false, 0, nullptr);
+    }
+    st.gemm.run(stream, 1.0f, {b.h, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
+                {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type}, s.lt_workspace,
+                s.lt_bytes);
+    st.branch.join(stream);
 }
 
 // ---- the sequences
@@ -505,14 +518,9 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
         launch_finish<T>(stream, st, p, s, false, 0, hidden);
         return;
     }
-    if (path.dense_mode) {  // h over z in the workspace
-        bool published = false;
-        if constexpr (!std::is_same_v<T, float>)
-            published = run_dense_mode<T>(stream, st, p, s, x, y, {s.gate, s.up, s.gate});
-        if (published)
-            write_hidden_from_gate(stream, p, s, hidden);
-        else
-            launch_finish<T>(stream, st, p, s, false, 0, hidden);
+    if (path.dense_mode) {  // h over u in the workspace
+        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y, {s.gate, s.up, s.up});
+        write_hidden_from_gate(stream, p, s, hidden, {}, s.up);
         return;
     }
     enqueue_gate_and_sparse_rows<T>(stream, st, p, path, x, w, xa, ya, s, hidden != nullptr);
@@ -549,10 +557,8 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
         // instead when it knows this forward wrote them (st.train_forwards)
         char *const sb = static_cast<char *>(saved);
         const DenseModeBuffers b = p.save_dense ? DenseModeBuffers{sb + l.dense_z, p.gated ? sb + l.dense_u : nullptr, s.gate}
-                                                : DenseModeBuffers{s.gate, s.up, s.gate};
-        bool published = false;
-        if constexpr (!std::is_same_v<T, float>) published = run_dense_mode<T>(stream, st, p, s, x, y, b);
-        if (!published) launch_finish<T>(stream, st, p, s, false, 0, nullptr);
+                                                : DenseModeBuffers{s.gate, s.up, s.up};
+        if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y, b);
         all_rows_dense<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(s.count, s.dense_rows,
                                                                                           s.dense_count, p.m);
         check_launch("all_rows_dense");

@@ -201,6 +201,24 @@ inline bool dense_mode_after(double mean_active, double dense_share, int64_t hid
     return mean_active > static_cast<double>(hidden_dim) / 128.0 || dense_share > 0.25;
 }
 
+/// Up to this many tokens, a forward after one with rows on the dense path runs in dense mode
+/// (where the serving and decode paths do not apply: they gather any row). The dense path's cuBLAS
+/// GEMMs read every row of Wu and Wd whatever their row count (at least 64, dense_path_cublas_rows),
+/// and at these sizes reading the weights is what a GEMM costs: the sparse rows' gathers and the
+/// dense path's copies come on top of what dense mode reads once for every row. Measured on an
+/// H100 at the paper's shape (bench --suite=heavy-rows, same call, dense mode from here against
+/// the sparse path): llm-29 M = 512 / 1024 / 2048 / 4096 85.0 / 137.5 / 257.5 / 504.0 us against
+/// 119.6 / 139.4 / 190.5 / 317.1, heavy-29 85.2 / 137.9 / 258.5 / 505.7 against 92.6 / 128.3 /
+/// 199.9 / 345.4: dense mode wins at 512 tokens only (past it the GEMMs' flops count).
+#ifdef TWBLAS_DENSE_ROWS_DENSE_MODE_MAX_TOKENS
+constexpr int64_t kDenseRowsDenseModeMaxTokens = TWBLAS_DENSE_ROWS_DENSE_MODE_MAX_TOKENS;
+#else
+constexpr int64_t kDenseRowsDenseModeMaxTokens = 512;
+#endif
+inline bool dense_rows_favour_dense_mode(double dense_row_fraction, int64_t tokens) {
+    return dense_row_fraction > 0.0 && tokens <= kDenseRowsDenseModeMaxTokens;
+}
+
 /// Rows of the dense path that go through cuBLAS GEMMs: 1.25x the last measured share plus 64,
 /// rounded to 64 (0 when none was seen). Rows past it go through the gathered GEMM, so nothing
 /// depends on it being large enough.

@@ -77,4 +77,32 @@ class OrderEvent {
     cudaEvent_t event_ = nullptr;
 };
 
+/// A branch beside the caller's stream: work enqueued on the stream fork(main) returns runs
+/// beside main's later work, and main's work after join(main) waits for it. Only events connect
+/// the two streams, so a captured call records the branch into its graph (the side stream joins
+/// the capture at the fork) and an eager call keeps main's order. One call at a time (an FFN's
+/// lock).
+class StreamBranch {
+  public:
+    StreamBranch() { check(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
+    ~StreamBranch() { cudaStreamDestroy(side_); }
+    StreamBranch(const StreamBranch &) = delete;
+    StreamBranch &operator=(const StreamBranch &) = delete;
+    /// The side stream, after main's work so far.
+    cudaStream_t fork(cudaStream_t main) {
+        check(cudaEventRecord(forked_.get(), main), "cudaEventRecord");
+        check(cudaStreamWaitEvent(side_, forked_.get(), 0), "cudaStreamWaitEvent");
+        return side_;
+    }
+    /// Main's later work after the side stream's.
+    void join(cudaStream_t main) {
+        check(cudaEventRecord(joined_.get(), side_), "cudaEventRecord");
+        check(cudaStreamWaitEvent(main, joined_.get(), 0), "cudaStreamWaitEvent");
+    }
+
+  private:
+    OrderEvent forked_, joined_;
+    cudaStream_t side_ = nullptr;
+};
+
 }  // namespace twblas::cuda

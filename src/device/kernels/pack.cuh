@@ -38,16 +38,40 @@ struct PackArgs {
     uint32_t *dense_count;
     unsigned long long *neuron_counts;
     int row_limit;    // rows with more active units go to the dense path (GEMMs beat gathers)
-    const T *up;      // dense mode (16-bit types): X Wu^T of every row, NULL for a plain FFN
-    bool dense_mode;  // dense mode: write h and each row's l1; no unit lists
+    const T *hidden;  // dense mode (16-bit types): h of every row (form_hidden), read for the l1
+    bool dense_mode;  // dense mode: each row's statistics and l1; no unit lists
     float *row_l1;
-    T *h_out;         // dense mode: where h goes (ldg apart), NULL: over the gate values
     // dense mode, a few tokens: the grid's last row block reduces and publishes the statistics
     // (finalize's work, a launch fewer at the serving sizes); NULL: finalize does
     FfnStatsBlock *stats;
     FfnFeedback *publish;
     uint32_t *ticket;  // zeroed before the grid
 };
+
+/// Dense mode's h = relu(z) * u rounded to T (gated; relu(z) for a plain FFN, u NULL) into `h`,
+/// which may be u itself (each value is read before it is written); +0 past column `cols`. A
+/// thread per 16-byte chunk: the dense FFN's element-wise pass, so that the down GEMM starts as
+/// soon as h exists and the statistics (pack_rows in dense mode) are formed beside it.
+template <class T>
+__global__ void __launch_bounds__(256) form_hidden(const T *z, const T *u, T *h, int64_t ldg, int64_t m, int64_t cols) {
+    constexpr int V = Chunk<T>::n;  // values a 16-byte chunk
+    const int64_t row_chunks = ldg / V, chunks = m * row_chunks;  // ldg is a multiple of 8
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t at = (i / row_chunks) * ldg + (i % row_chunks) * V, c0 = (i % row_chunks) * V;
+        const uint4 zq = *reinterpret_cast<const uint4 *>(z + at);
+        const uint4 uq = u ? *reinterpret_cast<const uint4 *>(u + at) : make_uint4(0, 0, 0, 0);
+        T out[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            const float g = Chunk<T>::get(zq, e);
+            float hv = 0.0f;
+            if (c0 + e < cols && relu_active(g)) hv = u ? round_to<T>(g * Chunk<T>::get(uq, e)) : g;
+            out[e] = Value<T>::from_float(hv);
+        }
+        *reinterpret_cast<uint4 *>(h + at) = *reinterpret_cast<const uint4 *>(out);
+    }
+}
 
 /// Dense mode splits a row's steps over the warps of a block (no unit list, so no order between
 /// them to keep): one warp per row, 22 dependent steps at H = 5632, took 28 us at M = 64 (ncu,
@@ -93,7 +117,7 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
                     const uint4 q =
                         __ldcs(reinterpret_cast<const uint4 *>(static_cast<const T *>(a.gate) + row * a.ldg + cl));
                     for (int i = 0; i < 8; ++i) vs[s][i] = Chunk<T>::get(q, i);
-                    if (a.dense_mode && a.up) us[s] = *reinterpret_cast<const uint4 *>(a.up + row * a.ldg + cl);
+                    if (a.dense_mode) us[s] = *reinterpret_cast<const uint4 *>(a.hidden + row * a.ldg + cl);
                 }
             }
         }
@@ -119,19 +143,9 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
                 if (a.neuron_counts) atomicAdd(a.neuron_counts + cl + i, 1ull);
             }
             if constexpr (!std::is_same_v<T, float>) {
-                if (a.dense_mode && cl < a.ldg) {
-                    // h = relu(g) * u rounded (gated) or relu(g), written over the gate values
-                    const uint4 uq = us[s];
-                    T out[8];
-                    for (int i = 0; i < 8; ++i) {
-                        float hv = 0.0f;
-                        if (mask >> i & 1u) hv = a.up ? round_to<T>(v[i] * Chunk<T>::get(uq, i)) : v[i];
-                        out[i] = Value<T>::from_float(hv);
-                        l1 += fabsf(Value<T>::to_float(out[i]));
-                    }
-                    T *h = a.h_out ? a.h_out : static_cast<T *>(a.gate);
-                    *reinterpret_cast<uint4 *>(h + row * a.ldg + cl) = *reinterpret_cast<const uint4 *>(out);
-                }
+                if (a.dense_mode && cl < a.ldg)  // the l1 of h at the active units (it is +0 elsewhere)
+                    for (int i = 0; i < 8; ++i)
+                        if (mask >> i & 1u) l1 += fabsf(Chunk<T>::get(us[s], i));
             }
             if (a.zero_inactive && !a.dense_mode && cl < a.ldg && mask != 0xffu) {
                 for (int i = 0; i < 8; ++i)
@@ -152,7 +166,9 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
             int row_total = 0, row_over = 0;
             for (int w = 0; w < per_row; ++w) row_l1 += l1s[w], row_total += totals[w], row_over |= overs[w];
             a.row_nnz[row] = row_total;
-            a.count[row] = row_over ? -1 : row_total;
+            // -1 / -2 as record_row marks them, so that the dense share (which keeps dense mode on
+            // for a batch with such rows, heuristics::dense_rows_favour_dense_mode) is measured here too
+            a.count[row] = row_over ? -1 : row_total > a.row_limit ? -2 : row_total;
             a.row_l1[row] = row_l1;
             last = false;
             if (a.stats) {  // release the row, then the ticket; the last block acquires
