@@ -42,7 +42,8 @@
 // hybrid transpose against cuSPARSE's dense <-> CSR on the FFN hidden activation (uniform-29 and
 // llm-29, M = 4096, 16384, 65536), host time per call sequence, with the copy bandwidth first.
 // Suite heavy-rows: llm-29 and heavy-29 at M = 512 to 4096, the batches whose rows on the dense path
-// decide between dense mode and the sparse path (heuristics::kDenseRowsDenseModeMaxTokens).
+// decide between dense mode and the sparse path (heuristics::kDenseRowsDenseModeMaxTokens), and
+// uniform-100 / uniform-911 at 512 (dense mode).
 // Suite train-eager: the training step at the PyTorch example's layer sizes (d_model 512 and 1024,
 // uniform-6, 8192 and 16384 tokens), graph-replayed and eager (train_twblas_eager,
 // train_dense_eager: GPU time and host_us per step). Suite fp8: twblas_fp8 (TW_COMPUTE_FP8_WEIGHTS) next to twblas, dense and the gate GEMM at the
@@ -101,6 +102,8 @@ void register_suite(const std::string &suite) {
         // first M tokens of a sequence, the first ~100 with hundreds of units; heavy-29: 1 % of rows)
         for (const char *prof : {"llm-29", "heavy-29"})
             for (int64_t m : {512, 1024, 2048, 4096}) register_group(paper, prof, {m}, false, false);
+        // and dense mode proper (many units a token) at the sizes where its statistics pass folds
+        for (const char *prof : {"uniform-100", "uniform-911"}) register_group(paper, prof, {512}, false, false);
         return;
     }
     if (suite == "crossover") {  // the two-pass crossover (heuristics::kTwoPassMinTokens), M = 128 to 1024

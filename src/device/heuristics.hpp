@@ -72,14 +72,18 @@ int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h, int warps);
 /// unit's activations (an atomic per active value: at most tokens x H of them) and publishes the
 /// statistics from its last block, so that count_active_columns and finalize are not launched;
 /// past it those two run (column sums beat per-value atomics at 16384 tokens x 911 units). Over
-/// at most 256 rows the statistics' sums are the same as finalize's (one row a thread either way).
-/// Measured on an H200, llm-29 (dense mode at these sizes), same call against the two kernels
-/// (bench/results/h200-dense-mode-fold-2026-11-26.json): M = 16 / 64 / 256 42.6 / 43.7 / 50.8 us
-/// against 46.1 / 48.3 / 56.5.
+/// at most 256 rows the statistics' sums are the same as finalize's (one row a thread either way;
+/// past 256 the pass's last block adds two rows a thread: the same bits from call to call, not
+/// finalize's). Measured on an H200, llm-29 (dense mode at these sizes), same call against the
+/// two kernels (bench/results/h200-dense-mode-fold-2026-11-26.json): M = 16 / 64 / 256 42.6 /
+/// 43.7 / 50.8 us against 46.1 / 48.3 / 56.5. With the statistics on a branch beside the down
+/// GEMM, 512 against 256 (H200, same call, bench/results/h200-dense-mode-fold-512-2026-11-26.txt):
+/// M = 512 llm-29 / heavy-29 / uniform-100 / uniform-911 76.8 / 77.7 / 78.3 / 84.5 us against
+/// 79.9 / 80.8 / 81.4 / 88.0.
 #ifdef TWBLAS_DENSE_MODE_FOLD_MAX_TOKENS
 constexpr int64_t kDenseModeFoldMaxTokens = TWBLAS_DENSE_MODE_FOLD_MAX_TOKENS;
 #else
-constexpr int64_t kDenseModeFoldMaxTokens = 256;
+constexpr int64_t kDenseModeFoldMaxTokens = 512;
 #endif
 
 /// serve_gate's 16-byte chunks of the weight row in flight per lane, up to 8 tokens (one x row per
