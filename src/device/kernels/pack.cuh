@@ -100,11 +100,11 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
     const int64_t stride = int64_t{256} * per_row;
     for (int64_t g0 = static_cast<int64_t>(part) * 256; g0 < a.h; g0 += stride * kPackAhead) {
         float vs[kPackAhead][8];
-        uint4 us[kPackAhead];
+        uint4 hq[kPackAhead];  // dense mode: h at the same columns
 #pragma unroll
         for (int s = 0; s < kPackAhead; ++s) {
             const int64_t cl = g0 + s * stride + lane * 8;
-            us[s] = make_uint4(0, 0, 0, 0);
+            hq[s] = make_uint4(0, 0, 0, 0);
             for (int i = 0; i < 8; ++i) vs[s][i] = 0.0f;
             if (cl < a.ldg) {  // ldg is a multiple of 8: whole 16-byte chunks
                 if (a.gate_f32) {
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
                     const uint4 q =
                         __ldcs(reinterpret_cast<const uint4 *>(static_cast<const T *>(a.gate) + row * a.ldg + cl));
                     for (int i = 0; i < 8; ++i) vs[s][i] = Chunk<T>::get(q, i);
-                    if (a.dense_mode) us[s] = *reinterpret_cast<const uint4 *>(a.hidden + row * a.ldg + cl);
+                    if (a.dense_mode) hq[s] = *reinterpret_cast<const uint4 *>(a.hidden + row * a.ldg + cl);
                 }
             }
         }
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
             if constexpr (!std::is_same_v<T, float>) {
                 if (a.dense_mode && cl < a.ldg)  // the l1 of h at the active units (it is +0 elsewhere)
                     for (int i = 0; i < 8; ++i)
-                        if (mask >> i & 1u) l1 += fabsf(Chunk<T>::get(us[s], i));
+                        if (mask >> i & 1u) l1 += fabsf(Chunk<T>::get(hq[s], i));
             }
             if (a.zero_inactive && !a.dense_mode && cl < a.ldg && mask != 0xffu) {
                 for (int i = 0; i < 8; ++i)
