@@ -5,7 +5,8 @@
 //              lists_from_masks, or up to kFwdUListsMaxTokens fwd_u's own blocks);
 //   dense path the first rows of the dense list through cuBLAS GEMMs of a capacity taken from
 //              the measured statistics, any beyond through the gathered GEMM whose row count is
-//              read on the device: exact for any sparsity, no host sync;
+//              read on the device: exact for any sparsity, no host sync; on a branch of the
+//              FFN's own beside the sparse rows;
 //   sparse     the other rows through the fused kernel (small M) or the two-pass kernels;
 //   finish     statistics reduced in a fixed order, published for the path choice, and the
 //              optional hidden output.
@@ -285,8 +286,9 @@ void launch_fused(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w,
     }
 }
 
-template <class T, bool FP8>
-void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const FwdArgs<T> &a, int ell, bool pdl) {
+template <class T, bool FP8, class AfterU>
+void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const FwdArgs<T> &a, int ell, bool pdl,
+                             AfterU &&after_u) {
     constexpr int E = Chunk<T>::n;
     if (FP8 && p.gated) {
         // x over the FP8 half (D rounded up to 16), then the list's ids, gate values and scales:
@@ -303,6 +305,7 @@ void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const Fwd
         launch_dependent(fwd_u<T>, dim3(static_cast<unsigned>(p.m)), dim3(32 * kFwdUWarps), smem, stream, pdl,
                          "cudaLaunchKernelEx(fwd_u)", a);
     }
+    after_u();
     // a thread takes 8 (fp32: 4) columns, 16 with FP8 rows
     const int64_t cols_per_block = int64_t{kFwdYThreads} * (FP8 ? 16 : E);
     const dim3 grid(static_cast<unsigned>(p.m), static_cast<unsigned>(ceil_div(p.dp, cols_per_block)));
@@ -313,21 +316,22 @@ void launch_two_pass_kernels(cudaStream_t stream, const FfnProblem &p, const Fwd
 }
 
 /// The sparse rows in two passes: u and h per active unit (saved as g and u in training, else h
-/// over the gate value), then y by column slices.
-template <class T>
+/// over the gate value), then y by column slices; `after_u` enqueues what follows fwd_u directly
+/// (the dense path's fork, where fwd_u makes the lists).
+template <class T, class AfterU>
 void launch_two_pass(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
-                     const MatrixArg &y, const FfnScratch &s, bool pdl, const MaskListArgs *lists) {
+                     const MatrixArg &y, const FfnScratch &s, bool pdl, const MaskListArgs *lists, AfterU &&after_u) {
     FwdArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr), y.rs,
                  y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, p.h,
                  s.gate, s.ldg, p.gate_f32(), p.gated, p.highest, s.idx, s.count, s.cap, s.save_g, s.save_u, s.row_l1,
                  w.fp8, s.dense_rows, s.dense_count, lists ? *lists : MaskListArgs{}};
     if constexpr (std::is_same_v<T, float>) {
-        launch_two_pass_kernels<T, false>(stream, p, a, s.cap, pdl);
+        launch_two_pass_kernels<T, false>(stream, p, a, s.cap, pdl, after_u);
     } else {
         if (p.fp8)
-            launch_two_pass_kernels<T, true>(stream, p, a, s.cap, pdl);
+            launch_two_pass_kernels<T, true>(stream, p, a, s.cap, pdl, after_u);
         else
-            launch_two_pass_kernels<T, false>(stream, p, a, s.cap, pdl);
+            launch_two_pass_kernels<T, false>(stream, p, a, s.cap, pdl, after_u);
     }
 }
 
@@ -474,27 +478,42 @@ void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, 
 
 // ---- the sequences
 
-/// The gate, the unit lists and the sparse rows (inference and training alike). The cuBLAS part
-/// of the dense path reads the dense list, so it runs after the lists' maker: before the sparse
-/// kernels, or after them where fwd_u makes the lists (path.lists_in_fwd_u; the rows are
-/// disjoint).
+/// The rows of the dense list: FP8 through the two-pass kernels' dense-row forms, else the first
+/// path.cublas_rows through cuBLAS and any beyond through the gathered GEMM.
 template <class T>
-void enqueue_gate_and_sparse_rows(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
-                                  const twDnMatDescr &x, const FfnWeights &w, const MatrixArg &xa, const MatrixArg &ya,
-                                  const FfnScratch &s, bool write_hidden) {
+void enqueue_dense_path(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
+                        const twDnMatDescr &x, const FfnWeights &w, const MatrixArg &xa, const MatrixArg &ya,
+                        const FfnScratch &s, bool write_hidden) {
+    if constexpr (!std::is_same_v<T, float>) {
+        if (p.fp8) return launch_fp8_dense_rows<T>(stream, st, p, w, xa, ya, s);
+        if (path.cublas_rows > 0) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, write_hidden);
+    }
+    launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
+}
+
+/// The gate, the unit lists, the sparse rows and the dense path's rows (inference and training
+/// alike). The dense path needs the dense list, which exists after the lists' maker (or after
+/// fwd_u, path.lists_in_fwd_u); it writes only its own rows of h and Y, so it runs on the FFN's
+/// branch beside the sparse kernels (on an H200 its launches cost ~4 us in line even when the
+/// list is empty) and is joined before the statistics, which read its rows' h.
+template <class T>
+void enqueue_gate_and_rows(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const ForwardPath &path,
+                           const twDnMatDescr &x, const FfnWeights &w, const MatrixArg &xa, const MatrixArg &ya,
+                           const FfnScratch &s, bool write_hidden) {
     run_gate_and_lists<T>(stream, st, p, path, x, s, write_hidden);
-    auto dense_path_cublas = [&] {
-        if constexpr (!std::is_same_v<T, float>)
-            if (path.cublas_rows > 0) run_dense_path_cublas<T>(stream, st, p, s, x, ya, path.cublas_rows, write_hidden);
+    auto dense_path_beside = [&] {
+        enqueue_dense_path<T>(st.branch.fork(stream), st, p, path, x, w, xa, ya, s, write_hidden);
     };
-    if (!path.lists_in_fwd_u) dense_path_cublas();
+    if (!path.lists_in_fwd_u) dense_path_beside();
     if (path.two_pass) {
         const MaskListArgs lists = mask_list_args(p, s, st.neuron_counts());
-        launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl, path.lists_in_fwd_u ? &lists : nullptr);
+        launch_two_pass<T>(stream, p, w, xa, ya, s, st.pdl, path.lists_in_fwd_u ? &lists : nullptr, [&] {
+            if (path.lists_in_fwd_u) dense_path_beside();
+        });
     } else {
         launch_fused<T>(stream, p, w, xa, ya, s, write_hidden);
     }
-    if (path.lists_in_fwd_u) dense_path_cublas();
+    st.branch.join(stream);
 }
 
 template <class T>
@@ -523,11 +542,7 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
         write_hidden_from_gate(stream, p, s, hidden, {}, s.up);
         return;
     }
-    enqueue_gate_and_sparse_rows<T>(stream, st, p, path, x, w, xa, ya, s, hidden != nullptr);
-    if constexpr (!std::is_same_v<T, float>) {
-        if (p.fp8) launch_fp8_dense_rows<T>(stream, st, p, w, xa, ya, s);
-    }
-    if (!p.fp8) launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
+    enqueue_gate_and_rows<T>(stream, st, p, path, x, w, xa, ya, s, hidden != nullptr);
     launch_finish<T>(stream, st, p, s, true, path.cublas_rows, hidden,
                      path.masked_gate ? ActiveMask{s.unit_masks, s.unit_words} : ActiveMask{});
 }
@@ -564,8 +579,7 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
         check_launch("all_rows_dense");
         return;
     }
-    enqueue_gate_and_sparse_rows<T>(stream, st, p, path, x, w, xa, ya, s, false);  // two-pass: path.two_pass
-    launch_dense_path_gathered(stream, st, p, w, xa, ya, s, path.cublas_rows);
+    enqueue_gate_and_rows<T>(stream, st, p, path, x, w, xa, ya, s, false);  // two-pass: path.two_pass
     launch_finish<T>(stream, st, p, s, true, path.cublas_rows, nullptr);
 }
 

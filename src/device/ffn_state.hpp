@@ -76,7 +76,7 @@ struct CudaFfnState final : FfnState {
     bool pdl = false;          // DeviceInfo::pdl
     GemmRunner gemm;  // cuBLASLt plans of this FFN's shapes (bounded)
     CallGraphs calls{8};
-    StreamBranch branch;  // dense mode's statistics beside its down GEMM
+    StreamBranch branch;  // dense mode's statistics beside its down GEMM; the dense path beside the sparse rows
 
     // Path choice from the measured sparsity of the last forward whose statistics have arrived
     // (read without a wait; see absorb_feedback). Guarded by `mutex`, as is everything above that
