@@ -42,7 +42,7 @@ void recompute_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &
                     const BackwardArgs &b, const TrainScratch &s, int64_t first, int sm_count) {
     const bool f32 = p.gate_f32(), tc = !f32;
     const int64_t ps = w.pair_stride;
-    const T *wg = static_cast<const T *>(w.gate);  // Wg (gated) or Wu (plain), dp apart
+    const T *wg = static_cast<const T *>(w.gate);  // Wg (gated) or Wu (plain), gate_ld apart
     const T *pair = static_cast<const T *>(w.pair);
     const T *wd = pair + (p.gated ? p.dp : 0);
     GatheredGemm base{};
@@ -58,7 +58,7 @@ void recompute_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &
     // z = X_r Wg^T, u = X_r Wu^T (rows gathered from X), stored in the gate type
     GatheredGemm z = base;
     z.a = z.a2 = b.x.ptr, z.a_f32 = b.x.type == TW_R_32F, z.a_ri = b.x.rs, z.a_ck = b.x.cs, z.a_rows = sv.dense_rows;
-    z.b = z.b2 = wg, z.b_f32 = p.type == TW_R_32F, z.b_rk = z.b2_rk = 1, z.b_cj = p.dp;
+    z.b = z.b2 = wg, z.b_f32 = p.type == TW_R_32F, z.b_rk = z.b2_rk = 1, z.b_cj = w.gate_ld;
     z.ksplit = p.d, z.n = p.h, z.k = p.d;
     z.epi = GatherEpilogue::StoreGate, z.c = s.rz, z.c_rs = p.hp;
     launch_gathered_gemm(stream, z, p.type, tc, sm_count);
@@ -76,7 +76,7 @@ void recompute_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &
     // dX rows = [dZ | dU] [Wg ; Wu] (gated) or dZ Wu (plain), scattered to the rows' places
     GatheredGemm dx = base;
     dx.a = s.rz, dx.a2 = s.ru, dx.a_f32 = f32, dx.a_ri = p.hp, dx.a_ck = 1, dx.a_rows = nullptr;
-    dx.b = wg, dx.b2 = pair, dx.b_f32 = p.type == TW_R_32F, dx.b_rk = p.dp, dx.b2_rk = ps, dx.b_cj = 1;
+    dx.b = wg, dx.b2 = pair, dx.b_f32 = p.type == TW_R_32F, dx.b_rk = w.gate_ld, dx.b2_rk = ps, dx.b_cj = 1;
     dx.ksplit = p.h, dx.n = p.d, dx.k = p.gated ? 2 * p.h : p.h;
     dx.epi = GatherEpilogue::ScatterRows, dx.c = b.dx.ptr, dx.c_rs = b.dx.rs, dx.c_cs = b.dx.cs, dx.c_rows = sv.dense_rows;
     launch_gathered_gemm(stream, dx, p.type, tc, sm_count);
@@ -128,7 +128,7 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
 
     TokenArgs<T> ta{static_cast<const T *>(b.dy.ptr), b.dy.rs, b.dy.cs, rows_vectorizable(b.dy, p.d), static_cast<T *>(b.dx.ptr),
                     b.dx.rs, b.dx.cs, rows_vectorizable(b.dx, p.d), static_cast<const T *>(w.pair), w.pair_stride,
-                    static_cast<const T *>(w.gate), p.dp, p.d, p.m, p.h, f32, p.gated, p.highest, b.l1_scale,
+                    static_cast<const T *>(w.gate), w.gate_ld, p.dp, p.d, p.m, p.h, f32, p.gated, p.highest, b.l1_scale,
                     sv.idx, sv.g, sv.u, sv.count, l.ell, s.dz, s.du};
     launch_tokens<T>(stream, ta);
 
@@ -223,22 +223,23 @@ void scatter_dense_dx(cudaStream_t stream, const FfnProblem &p, const void *save
 void recompute_with_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const void *saved,
                            const BackwardArgs &b, const TrainScratch &s, int64_t cap) {
     const twDataType_t t = p.type;
-    const int64_t ps = p.gated ? 2 * p.dp : p.dp;
-    const void *down = static_cast<const char *>(st.pair.get()) + (p.gated ? p.dp * 2 : 0);
+    const FfnWeights w = st.weights(p);
+    const int64_t ps = w.pair_stride;
+    const void *down = static_cast<const char *>(w.pair) + (p.gated ? p.dp * 2 : 0);  // 16-bit
     auto gemm = [&](GemmOperand a, GemmOperand bb, GemmOutput z) {
         st.gemm.run(stream, 1.0f, a, bb, z, s.lt_workspace, s.lt_bytes);
     };
     gather_dense_rows(stream, p, saved, b, s, cap);
-    gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, t}, {s.rz, p.hp, t});
+    gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {w.gate, p.h, p.d, w.gate_ld, TW_ORDER_ROW, t}, {s.rz, p.hp, t});
     if (p.gated)
-        gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {st.pair.get(), p.h, p.d, ps, TW_ORDER_ROW, t}, {s.ru, p.hp, t});
+        gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {w.pair, p.h, p.d, ps, TW_ORDER_ROW, t}, {s.ru, p.hp, t});
     gemm({s.dyc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {down, p.h, p.d, ps, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
     dense_rows_grads(stream, p, s, cap, b.l1_scale);
     // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views
-    gemm({s.rz, cap, p.h, p.hp, TW_ORDER_ROW, t}, {st.gate.get(), p.d, p.h, p.dp, TW_ORDER_COL, t},
+    gemm({s.rz, cap, p.h, p.hp, TW_ORDER_ROW, t}, {w.gate, p.d, p.h, w.gate_ld, TW_ORDER_COL, t},
          {s.dxc, p.dp, TW_R_32F});
     if (p.gated)
-        gemm({s.ru, cap, p.h, p.hp, TW_ORDER_ROW, t}, {st.pair.get(), p.d, p.h, ps, TW_ORDER_COL, t},
+        gemm({s.ru, cap, p.h, p.hp, TW_ORDER_ROW, t}, {w.pair, p.d, p.h, ps, TW_ORDER_COL, t},
              {s.dxc + cap * p.dp, p.dp, TW_R_32F});
     scatter_dense_dx(stream, p, saved, b, s, cap);
     // weight-gradient terms: dZ^T Xc, dU^T Xc, H^T dYc (column-major views of the cap-row buffers)
@@ -277,8 +278,9 @@ void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProble
                           const twDnMatDescr *dwg, const twDnMatDescr &dwu, const twDnMatDescr &dwd,
                           const TrainScratch &s) {
     const twDataType_t t = p.type;
-    const int64_t ps = p.gated ? 2 * p.dp : p.dp;
-    const void *down = static_cast<const char *>(st.pair.get()) + (p.gated ? p.dp * 2 : 0);
+    const FfnWeights w = st.weights(p);
+    const int64_t ps = w.pair_stride;
+    const void *down = static_cast<const char *>(w.pair) + (p.gated ? p.dp * 2 : 0);  // 16-bit
     auto gemm = [&](GemmOperand a, GemmOperand b, GemmOutput z) {
         st.gemm.run(stream, 1.0f, a, b, z, s.lt_workspace, s.lt_bytes);
     };
@@ -287,8 +289,8 @@ void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProble
     const GemmOperand dz{s.rz, p.m, p.h, p.hp, TW_ORDER_ROW, t}, du{s.ru, p.m, p.h, p.hp, TW_ORDER_ROW, t};
     const GemmOperand h{s.rh, p.m, p.h, p.hp, TW_ORDER_ROW, t};
     // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views
-    gemm(dz, {st.gate.get(), p.d, p.h, p.dp, TW_ORDER_COL, t}, {s.dxc, p.dp, TW_R_32F});
-    if (p.gated) gemm(du, {st.pair.get(), p.d, p.h, ps, TW_ORDER_COL, t}, {s.dxc + p.m * p.dp, p.dp, TW_R_32F});
+    gemm(dz, {w.gate, p.d, p.h, w.gate_ld, TW_ORDER_COL, t}, {s.dxc, p.dp, TW_R_32F});
+    if (p.gated) gemm(du, {w.pair, p.d, p.h, ps, TW_ORDER_COL, t}, {s.dxc + p.m * p.dp, p.dp, TW_R_32F});
     const MatrixArg dxa = matrix_arg(dx);
     by_type(t, [&](auto tag) {
         using T = decltype(tag);

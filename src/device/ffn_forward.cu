@@ -42,7 +42,8 @@ namespace {
 /// words into unit_masks.
 MaskedGateGemm masked_gate_operands(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x,
                                     const FfnScratch &s) {
-    return {x.values, x.ld, st.gate.get(), p.dp, p.m, p.h, p.d, s.gate, s.ldg, s.unit_masks, (p.h + 31) / 32};
+    const FfnWeights w = st.weights(p);
+    return {x.values, x.ld, w.gate, w.gate_ld, p.m, p.h, p.d, s.gate, s.ldg, s.unit_masks, (p.h + 31) / 32};
 }
 
 /// What one forward runs, chosen before anything is enqueued (and part of a captured call's key).
@@ -90,7 +91,8 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
 /// and the serving path's own gate starts with it.
 void run_gate_gemm(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const GemmOperand &x,
                    const FfnScratch &s) {
-    st.gemm.run(stream, 1.0f, x, {st.gate.get(), p.h, p.d, p.dp, TW_ORDER_ROW, p.type},
+    const FfnWeights w = st.weights(p);
+    st.gemm.run(stream, 1.0f, x, {w.gate, p.h, p.d, w.gate_ld, TW_ORDER_ROW, p.type},
                 {s.gate, s.ldg, p.gate_f32() ? TW_R_32F : p.type}, s.lt_workspace, s.lt_bytes);
 }
 
@@ -128,7 +130,7 @@ void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w
     // the header and the counters after it (ffn_layout: one memset, one graph node fewer)
     check(cudaMemsetAsync(s.header, 0, static_cast<size_t>(2 + p.m * (2 + nt)) * 4, stream), "cudaMemsetAsync");
     DecodeArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<int>(p.m), p.d,
-                    p.dp, p.h, static_cast<const T *>(w.gate), static_cast<const T *>(w.pair), w.pair_stride, p.gated,
+                    p.dp, p.h, static_cast<const T *>(w.gate), w.gate_ld, static_cast<const T *>(w.pair), w.pair_stride, p.gated,
                     p.highest, false, write_h, s.gate, s.ldg, p.tile, nt, s.dec_zero, s.dec_zero + 2 * p.m,
                     s.dec_zero + p.m, s.dec_list, blocks, s.dec_partial,
                     s.dec_partial + static_cast<int64_t>(blocks) * p.m * p.dp, neuron_counts};
@@ -161,7 +163,8 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     ServeArgs<T> a{};
     a.x = static_cast<const T *>(x.ptr), a.x_rs = x.rs, a.m = static_cast<int>(p.m);
     a.d = p.d, a.dp = p.dp, a.h = p.h;
-    a.wgate = static_cast<const T *>(w.gate), a.pair = static_cast<const T *>(w.pair), a.pair_stride = w.pair_stride;
+    a.wgate = static_cast<const T *>(w.gate), a.wgate_ld = w.gate_ld;
+    a.pair = static_cast<const T *>(w.pair), a.pair_stride = w.pair_stride;
     a.gated = p.gated, a.write_h = write_h;
     a.gate = static_cast<T *>(s.gate), a.ldg = s.ldg;
     a.masks = s.unit_masks, a.words = s.unit_words, a.ticket = s.serve_ticket;
@@ -404,8 +407,9 @@ void run_dense_path_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProbl
         gather_rows<T><<<blocks, 256, 0, stream>>>(static_cast<const T *>(xa.ptr), xa.rs, xa.cs, p.d, s.dense_rows,
                                                   s.dense_count, cap, static_cast<T *>(s.xc), p.dp);
         check_launch("gather_rows");
+        const FfnWeights w = st.weights(p);
         st.gemm.run(stream, 1.0f, {s.xc, cap, p.d, p.dp, TW_ORDER_ROW, p.type},
-                    {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type}, {s.up, s.ldg, p.type}, s.lt_workspace,
+                    {w.pair, p.h, p.d, w.pair_stride, TW_ORDER_ROW, p.type}, {s.up, s.ldg, p.type}, s.lt_workspace,
                     s.lt_bytes);
     }
     compact_hidden<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 4096))), 256, 0, stream>>>(
@@ -450,12 +454,22 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
 template <class T>
 void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
                     const twDnMatDescr &x, const twDnMatDescr &y, const DenseModeBuffers &b) {
-    FfnScratch zs = s;
-    zs.gate = b.z;
-    run_gate_gemm(stream, st, p, gemm_operand(x), zs);
-    if (p.gated)
-        st.gemm.run(stream, 1.0f, gemm_operand(x), {st.pair.get(), p.h, p.d, 2 * p.dp, TW_ORDER_ROW, p.type},
-                    {b.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
+    const FfnWeights w = st.weights(p);
+    const char *const z = static_cast<const char *>(b.z), *const up = static_cast<const char *>(b.up);
+    if (p.gated && up > z) {
+        // z and u as one strided-batched GEMM, as the dense FFN stacks [Wg; Wu]: Wu_j is dp
+        // after Wg_j in the unit rows, and the buffers are (up - z) apart (16-bit values)
+        const GemmBatch both{2, 0, p.dp, (up - z) / 2};
+        st.gemm.run(stream, 1.0f, gemm_operand(x), {w.gate, p.h, p.d, w.gate_ld, TW_ORDER_ROW, p.type},
+                    {b.z, s.ldg, p.type}, s.lt_workspace, s.lt_bytes, both);
+    } else {
+        FfnScratch zs = s;
+        zs.gate = b.z;
+        run_gate_gemm(stream, st, p, gemm_operand(x), zs);
+        if (p.gated)
+            st.gemm.run(stream, 1.0f, gemm_operand(x), {w.pair, p.h, p.d, w.pair_stride, TW_ORDER_ROW, p.type},
+                        {b.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
+    }
     const int64_t chunks = p.m * (s.ldg / 8);
     form_hidden<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(chunks, 256), 8 * st.sm_count))),
                      256, 0, stream>>>(static_cast<const T *>(b.z), p.gated ? static_cast<const T *>(b.up) : nullptr,

@@ -25,6 +25,8 @@ struct FfnProblem {
                           // a tile goes through the exact dense path
     /// The gate (and h, u, dz, du) in fp32: fp32 data, or HIGHEST_PRECISION.
     bool gate_f32() const { return type == TW_R_32F || highest; }
+    /// Elements between a unit's weight rows: [Wg_j | Wu_j | Wd_j] (gated) or [Wu_j | Wd_j].
+    int64_t unit_row() const { return (gated ? 3 : 2) * dp; }
     size_t gate_bytes() const { return gate_f32() ? 4 : 2; }
     /// Where cuBLAS may run the dense parts: 16-bit values in DEFAULT mode.
     bool cublas_ok() const { return !gate_f32(); }
@@ -43,9 +45,13 @@ struct Fp8Rows {
     static int64_t row_bytes(int64_t dp, bool gated) { return half_bytes(dp) * (gated ? 2 : 1); }
 };
 
-/// The FFN's weights in the kernels' layouts, made by twCreateFfn (pads are zero).
+/// The FFN's weights in the kernels' layouts, made by twCreateFfn (pads are zero). A unit's rows
+/// lie side by side, [Wg_j | Wu_j | Wd_j] (gated) or [Wu_j | Wd_j] (plain), FfnProblem::unit_row
+/// apart: a sparse kernel reads its unit's up and down rows from one place, and dense mode's gate
+/// and up GEMMs are one strided-batched GEMM (Wu is Wg dp further on).
 struct FfnWeights {
-    const void *gate;     // H x dp: Wg (gated) or Wu (plain), the GEMM whose ReLU gives sparsity
+    const void *gate;     // H rows of `gate_ld`: Wg (gated) or Wu (plain), whose ReLU gives sparsity
+    int64_t gate_ld;      // elements
     const void *pair;     // H rows of `pair_stride`: [Wu_j | Wd_j] (gated) or [Wd_j] (plain)
     int64_t pair_stride;  // elements
     const void *down_t;   // D x hp: Wd^T, for the dense path

@@ -39,8 +39,7 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const Device
     st->masked_gate = device.masked_gate;
     st->pdl = device.pdl;
     const size_t eb = elem_bytes(p.type);
-    st->gate.reset(static_cast<size_t>(p.h * p.dp) * eb);
-    st->pair.reset(static_cast<size_t>(p.h * p.dp * (p.gated ? 2 : 1)) * eb);
+    st->unit_rows.reset(static_cast<size_t>(p.h * p.unit_row()) * eb);
     st->down_t.reset(static_cast<size_t>(p.d * p.hp) * eb);
     st->stats.reset(sizeof(FfnStatsBlock));
     st->counts.reset(static_cast<size_t>(p.h) * 8);

@@ -60,7 +60,7 @@ class TrainForwards {
 };
 
 struct CudaFfnState final : FfnState {
-    DeviceBuffer gate, pair, down_t;  // FfnWeights
+    DeviceBuffer unit_rows, down_t;  // FfnWeights: H rows of FfnProblem::unit_row, and Wd^T
     // TW_COMPUTE_FP8_WEIGHTS: the FP8 copy of `pair` (Fp8Rows), allocated when the mode is first
     // set; made again by the first FP8 forward after twCreateFfn or twFfnUpdateWeights
     // (`fp8_stale`, guarded by `mutex`), in that forward's stream order
@@ -89,7 +89,8 @@ struct CudaFfnState final : FfnState {
     ReachablePointers train_pointers;  // the training calls' arguments, checked once each
 
     FfnWeights weights(const FfnProblem &p) const {
-        return {gate.get(), pair.get(), p.gated ? 2 * p.dp : p.dp, down_t.get(),
+        const char *pair = unit_rows.get<char>() + p.dp * static_cast<int64_t>(elem_bytes(p.type));
+        return {unit_rows.get(), p.unit_row(), pair, p.unit_row(), down_t.get(),
                 {fp8_q.get<uint8_t>(), fp8_scale.get<float2>(), Fp8Rows::row_bytes(p.dp, p.gated),
                  Fp8Rows::half_bytes(p.dp)}};
     }

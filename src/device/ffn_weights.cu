@@ -50,15 +50,13 @@ void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem 
     if (wg) require_device_accessible(wg->values, "wGate");
     require_device_accessible(wu.values, "wUp");
     require_device_accessible(wd.values, "wDown");
+    // unit row j = [Wg_j | Wu_j | Wd_j] (gated) or [Wu_j | Wd_j]: a strided copy into each third
+    const FfnWeights w = st.weights(p);
     const int64_t eb = static_cast<int64_t>(elem_bytes(p.type));
-    launch_repack(stream, matrix_arg(p.gated ? *wg : wu), false, st.gate.get(), p.dp, p.h, p.dp);
-    if (p.gated) {
-        // pair row j = [Wu_j | Wd_j]: two strided copies into the halves
-        launch_repack(stream, matrix_arg(wu), false, st.pair.get(), 2 * p.dp, p.h, p.dp);
-        launch_repack(stream, matrix_arg(wd), false, st.pair.get<char>() + p.dp * eb, 2 * p.dp, p.h, p.dp);
-    } else {
-        launch_repack(stream, matrix_arg(wd), false, st.pair.get(), p.dp, p.h, p.dp);
-    }
+    launch_repack(stream, matrix_arg(p.gated ? *wg : wu), false, const_cast<void *>(w.gate), w.gate_ld, p.h, p.dp);
+    char *const pair = static_cast<char *>(const_cast<void *>(w.pair));
+    if (p.gated) launch_repack(stream, matrix_arg(wu), false, pair, w.pair_stride, p.h, p.dp);
+    launch_repack(stream, matrix_arg(wd), false, pair + (p.gated ? p.dp * eb : 0), w.pair_stride, p.h, p.dp);
     launch_repack(stream, matrix_arg(wd), true, st.down_t.get(), p.hp, p.d, p.hp);
     {
         std::lock_guard<std::mutex> lock(st.mutex);

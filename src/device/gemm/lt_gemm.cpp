@@ -45,9 +45,10 @@ GemmRunner::~GemmRunner() {
 }
 
 GemmRunner::Plan &GemmRunner::plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z,
-                                       size_t workspace_bytes) {
-    const Key key{a.rows, b.rows, a.cols, a.ld, b.ld, z.ld, a.order, b.order, a.type, z.type,
-                  static_cast<int>(workspace_bytes >> 20)};
+                                       size_t workspace_bytes, const GemmBatch &batch) {
+    const Key key{a.rows,  b.rows,         a.cols,         a.ld,          b.ld,
+                  z.ld,    a.order,        b.order,        a.type,        z.type,
+                  static_cast<int>(workspace_bytes >> 20), batch.count, batch.a_stride, batch.b_stride, batch.z_stride};
     auto it = plans_.find(key);
     if (it != plans_.end()) {
         it->second.last_use = ++clock_;
@@ -77,6 +78,19 @@ GemmRunner::Plan &GemmRunner::plan_for(const GemmOperand &a, const GemmOperand &
                                         a.order == TW_ORDER_ROW ? m : k, a.ld),
              "layout A");
     check_lt(cublasLtMatrixLayoutCreate(&plan->lz, cuda_type(z.type), n, m, z.ld), "layout Z");
+    if (batch.count > 1) {
+        const auto batched = [&](cublasLtMatrixLayout_t l, int64_t stride) {
+            check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch.count,
+                                                      sizeof(batch.count)),
+                     "batch count");
+            check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                      sizeof(stride)),
+                     "batch stride");
+        };
+        batched(plan->lb, batch.b_stride);
+        batched(plan->la, batch.a_stride);
+        batched(plan->lz, batch.z_stride);
+    }
 
     cublasLtMatmulPreference_t pref = nullptr;
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
@@ -95,16 +109,18 @@ GemmRunner::Plan &GemmRunner::plan_for(const GemmOperand &a, const GemmOperand &
 }
 
 void GemmRunner::run(cudaStream_t stream, float alpha, const GemmOperand &a, const GemmOperand &b,
-                     const GemmOutput &z, void *workspace, size_t workspace_bytes) {
+                     const GemmOutput &z, void *workspace, size_t workspace_bytes, const GemmBatch &batch) {
     if (a.rows == 0 || b.rows == 0) return;
     if (a.cols == 0) {  // empty sum: Z = 0 (cuBLASLt wants K >= 1)
-        const size_t bytes = static_cast<size_t>(a.rows * z.ld) * (z.type == TW_R_32F ? 4 : 2);
-        if (cudaMemsetAsync(z.ptr, 0, bytes, stream) != cudaSuccess)
-            fail(TW_STATUS_EXECUTION_FAILED, "cudaMemsetAsync of a K = 0 GEMM output failed");
+        const size_t eb = z.type == TW_R_32F ? 4 : 2;
+        for (int i = 0; i < batch.count; ++i)
+            if (cudaMemsetAsync(static_cast<char *>(z.ptr) + i * batch.z_stride * static_cast<int64_t>(eb), 0,
+                                static_cast<size_t>(a.rows * z.ld) * eb, stream) != cudaSuccess)
+                fail(TW_STATUS_EXECUTION_FAILED, "cudaMemsetAsync of a K = 0 GEMM output failed");
         return;
     }
     std::lock_guard<std::mutex> lock(mutex_);  // held while the plan is used: eviction cannot free it
-    Plan &p = plan_for(a, b, z, workspace_bytes);
+    Plan &p = plan_for(a, b, z, workspace_bytes, batch);
     const float beta = 0.0f;
     check_lt(cublasLtMatmul(lt_, p.op, &alpha, b.ptr, p.lb, a.ptr, p.la, &beta, z.ptr, p.lz, z.ptr, p.lz, &p.algo,
                             workspace, workspace_bytes, stream),

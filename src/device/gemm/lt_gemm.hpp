@@ -36,6 +36,12 @@ struct GemmOutput {
     int64_t ld;  // row-major, ld >= N
     twDataType_t type;
 };
+/// A strided batch: `count` GEMMs, the i-th reading and writing each operand `stride` elements
+/// further on (0: every GEMM shares it).
+struct GemmBatch {
+    int count = 1;
+    int64_t a_stride = 0, b_stride = 0, z_stride = 0;
+};
 
 class GemmRunner {
   public:
@@ -47,14 +53,17 @@ class GemmRunner {
     GemmRunner(const GemmRunner &) = delete;
     GemmRunner &operator=(const GemmRunner &) = delete;
 
-    /// Enqueues Z = alpha * A * B^T on `stream`. Accumulation is fp32 (true fp32 for fp32 data).
+    /// Enqueues Z = alpha * A * B^T on `stream` (each GEMM of `batch`). Accumulation is fp32 (true
+    /// fp32 for fp32 data).
     void run(cudaStream_t stream, float alpha, const GemmOperand &a, const GemmOperand &b, const GemmOutput &z,
-             void *workspace, size_t workspace_bytes);
+             void *workspace, size_t workspace_bytes, const GemmBatch &batch = {});
 
   private:
     struct Plan;
-    using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, int>;
-    Plan &plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z, size_t workspace_bytes);
+    using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, int, int, int64_t,
+                           int64_t, int64_t>;
+    Plan &plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z, size_t workspace_bytes,
+                   const GemmBatch &batch);
     cublasLtHandle_t lt_ = nullptr;
     std::mutex mutex_;
     struct Cached {

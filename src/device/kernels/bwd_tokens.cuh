@@ -19,7 +19,8 @@ template <class T> struct TokenArgs {
     bool dx_vec;
     const T *pair;  // [Wu_j | Wd_j] (gated) or [Wd_j]
     int64_t pair_stride;
-    const T *gate_w;  // Wg_j (gated) or Wu_j (plain), dp apart
+    const T *gate_w;  // Wg_j (gated) or Wu_j (plain), gate_ld apart
+    int64_t gate_ld;
     int64_t dp, d, m, h;
     bool gate_f32, gated, highest;
     L1Scale l1_scale;
@@ -89,7 +90,7 @@ template <class T> __global__ void __launch_bounds__(kDxThreads) token_dx(TokenA
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
     // Wu_j: the first half of the pair (gated) or the gate-weight row (plain, where gate_w = Wu)
     const T *up = a.gated ? a.pair : a.gate_w;
-    const int64_t up_stride = a.gated ? a.pair_stride : a.dp;
+    const int64_t up_stride = a.gated ? a.pair_stride : a.gate_ld;
     constexpr int kG = 4;
     int k = 0;
     for (; k + kG <= n; k += kG) {
@@ -97,7 +98,7 @@ template <class T> __global__ void __launch_bounds__(kDxThreads) token_dx(TokenA
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
             wu[g] = *reinterpret_cast<const uint4 *>(up + s_col[k + g] * up_stride + k0);
-            if (a.gated) wg[g] = *reinterpret_cast<const uint4 *>(a.gate_w + s_col[k + g] * a.dp + k0);
+            if (a.gated) wg[g] = *reinterpret_cast<const uint4 *>(a.gate_w + s_col[k + g] * a.gate_ld + k0);
         }
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
@@ -115,7 +116,7 @@ template <class T> __global__ void __launch_bounds__(kDxThreads) token_dx(TokenA
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[e] = fmaf(c1, Chunk<T>::get(wu, e), acc[e]);
         if (a.gated) {
-            const uint4 wg = *reinterpret_cast<const uint4 *>(a.gate_w + s_col[k] * a.dp + k0);
+            const uint4 wg = *reinterpret_cast<const uint4 *>(a.gate_w + s_col[k] * a.gate_ld + k0);
 #pragma unroll
             for (int e = 0; e < E; ++e) acc[e] = fmaf(c2, Chunk<T>::get(wg, e), acc[e]);
         }

@@ -27,7 +27,8 @@ template <class T> struct DecodeArgs {
     bool x_vec;  // row-major, 16-byte aligned rows: vector loads
     int m;
     int64_t d, dp, h;
-    const T *wgate;  // H x dp
+    const T *wgate;  // H rows, wgate_ld apart
+    int64_t wgate_ld;
     const T *pair;
     int64_t pair_stride;
     bool gated, highest, gate_f32, write_h;
@@ -100,7 +101,7 @@ template <class T, int C> __global__ void __launch_bounds__(256) decode_ffn(Deco
     for (int t = 0; t < kDecodeTokenCapacity; ++t) hv[t] = 0.0f;
     if (j < a.h) {
         float z[kDecodeTokenCapacity], g[kDecodeTokenCapacity];
-        dots_with_row<T, C>(a.wgate + j * a.dp, xs, a.dp, a.m, ~0u, z);
+        dots_with_row<T, C>(a.wgate + j * a.wgate_ld, xs, a.dp, a.m, ~0u, z);
 #pragma unroll
         for (int t = 0; t < kDecodeTokenCapacity; ++t) {
             g[t] = a.highest ? z[t] : round_to<T>(z[t]);

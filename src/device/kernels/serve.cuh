@@ -32,7 +32,8 @@ template <class T> struct ServeArgs {
     int64_t x_rs;  // row-major, 16-byte aligned rows (the path requires it)
     int m;
     int64_t d, dp, h;
-    const T *wgate;  // H x dp, zero padded
+    const T *wgate;  // H rows, wgate_ld apart, zero padded
+    int64_t wgate_ld;
     const T *pair;   // [Wu_j | Wd_j] (gated) or [Wd_j]
     int64_t pair_stride;
     bool gated, write_h;
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     if (threadIdx.x < kServeGateUnits) unit_tokens[threadIdx.x] = 0;
 
     const bool wok = unit0 + g < a.h;
-    const T *wrow = a.wgate + (wok ? unit0 + g : 0) * a.dp;
+    const T *wrow = a.wgate + (wok ? unit0 + g : 0) * a.wgate_ld;
     const T *xrow[R];
     bool xok[R];
 #pragma unroll
