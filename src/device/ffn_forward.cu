@@ -446,8 +446,8 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
     write_hidden_from_gate(stream, p, s, hidden, gate_mask);
 }
 
-/// Dense mode: z = X Wg^T and the up projection of every row (gated) by cuBLAS, h by one
-/// element-wise pass, then the down projection by cuBLAS; the statistics (which read z and h) on
+/// Dense mode: z = X Wg^T and the up projection of every row (gated) by one cuBLAS GEMM of two
+/// batches, h by one element-wise pass, then the down projection by cuBLAS; the statistics (which read z and h) on
 /// a branch beside the down GEMM, joined before the call's later work. Up to
 /// heuristics::kDenseModeFoldMaxTokens tokens one pass counts the active units, forms each row's
 /// statistics and publishes them; past it count_active_columns, that pass and finalize do.
