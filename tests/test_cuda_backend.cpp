@@ -85,9 +85,10 @@ TEST_CASE("CUDA FFN: the masked gate GEMM's path (sm_90) at sizes off its tiles,
 TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the reference", "[cuda][ffn]") {
     // 150 active units of 600 is far above the gather break-even (H / 128): the second forward
     // runs the up and down projections as cuBLAS GEMMs over every row. Up to 512 tokens the
-    // packing pass also counts the units and publishes the statistics (M = 200; 333: its last
-    // block adds two rows a thread), past that count_active_columns and finalize do (M = 600)
-    for (int64_t m : {200, 333, 600})
+    // packing pass also counts the units and publishes the statistics (M = 20: 16 warps a row
+    // and one warp's reduction; 200; 333: its last block adds two rows a thread), past that
+    // count_active_columns and finalize do (M = 600)
+    for (int64_t m : {20, 200, 333, 600})
         for (bool gated : {true, false})
             for (int hidden : {0, 1, 2}) {
                 FfnCase c;
@@ -130,9 +131,9 @@ TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the refer
 TEST_CASE("CUDA FFN: dense mode in the caller's graph and in captured eager calls gives the reference's bits",
           "[cuda][ffn]") {
     // small-integer data, so that the reference's bits are the answer whatever the GEMMs' order
-    // of summation (M = 64 and 300: the packing pass publishes the statistics; 600: count and
+    // of summation (M = 20, 64 and 300: the packing pass publishes the statistics; 600: count and
     // finalize do)
-    for (int64_t m : {64, 300, 600}) {
+    for (int64_t m : {20, 64, 300, 600}) {
         FfnCase c;
         c.integers = true;
         c.m = m;

@@ -221,10 +221,12 @@ void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, 
     const bool dense_mode = dense != nullptr;
     PackArgs<T> pk{dense_mode ? dense->z : s.gate, s.ldg, p.m, p.h, p.gate_f32(), zero_inactive, p.tile, p.slots,
                    s.cap, s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
-                   dense_mode ? static_cast<const T *>(dense->h) : nullptr, dense_mode, s.row_l1,
+                   dense_mode ? static_cast<const T *>(dense->h) : nullptr, dense_mode,
+                   p.m <= heuristics::kPackDenseWideMaxTokens ? kPackDenseWarpsMax : 8, s.row_l1,
                    dense_mode ? stats : nullptr, publish, s.header + 1};
+    static_assert(kPackDenseWarpsMax >= 8, "pack_rows's dense mode takes up to kPackDenseWarpsMax warps a row");
     if (dense_mode)  // a block per row
-        pack_rows<T><<<static_cast<unsigned>(p.m), 32 * kPackDenseWarps, 0, stream>>>(pk);
+        pack_rows<T><<<static_cast<unsigned>(p.m), 32 * pk.dense_warps, 0, stream>>>(pk);
     else
         pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
     check_launch("pack_rows");

@@ -40,6 +40,7 @@ struct PackArgs {
     int row_limit;    // rows with more active units go to the dense path (GEMMs beat gathers)
     const T *hidden;  // dense mode (16-bit types): h of every row (form_hidden), read for the l1
     bool dense_mode;  // dense mode: each row's statistics and l1; no unit lists
+    int dense_warps;  // dense mode: warps a row (a block), up to kPackDenseWarpsMax
     float *row_l1;
     // dense mode, a few tokens: the grid's last row block reduces and publishes the statistics
     // (finalize's work, a launch fewer at the serving sizes); NULL: finalize does
@@ -75,13 +76,14 @@ __global__ void __launch_bounds__(256) form_hidden(const T *z, const T *u, T *h,
 
 /// Dense mode splits a row's steps over the warps of a block (no unit list, so no order between
 /// them to keep): one warp per row, 22 dependent steps at H = 5632, took 28 us at M = 64 (ncu,
-/// bench/NOTES.md) against 3 for the dense FFN's element-wise pass.
-constexpr int kPackDenseWarps = 8;
+/// bench/NOTES.md) against 3 for the dense FFN's element-wise pass. 8 warps a row, or 16 up to
+/// heuristics::kPackDenseWideMaxTokens tokens.
+constexpr int kPackDenseWarpsMax = 16;
 
 template <class T>
-__global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
-    // warps per row: kPackDenseWarps in dense mode (a block per row), else 1 (four rows a block)
-    const int per_row = a.dense_mode ? kPackDenseWarps : 1, warp = threadIdx.x / 32;
+__global__ void __launch_bounds__(512) pack_rows(PackArgs<T> a) {
+    // warps per row: a.dense_warps in dense mode (a block per row), else 1 (four rows a block)
+    const int per_row = a.dense_mode ? a.dense_warps : 1, warp = threadIdx.x / 32;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32 / per_row) + warp / per_row;
     const int part = warp % per_row;
     if (row >= a.m) return;
@@ -155,8 +157,8 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
         }
     }
     if (a.dense_mode) {  // the row's warps' sums in warp order
-        __shared__ float l1s[kPackDenseWarps];
-        __shared__ int totals[kPackDenseWarps], overs[kPackDenseWarps];
+        __shared__ float l1s[kPackDenseWarpsMax];
+        __shared__ int totals[kPackDenseWarpsMax], overs[kPackDenseWarpsMax];
         for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, o);
         if (lane == 0) l1s[part] = l1, totals[part] = total, overs[part] = overflow;
         __syncthreads();
@@ -179,7 +181,12 @@ __global__ void __launch_bounds__(256) pack_rows(PackArgs<T> a) {
         }
         if (a.stats) {  // the same for every thread of the grid: a barrier only where the ticket was taken
             __syncthreads();
-            if (last) reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+            // up to 32 rows one warp's reduction (heuristics::kPackDenseWideMaxTokens)
+            if (last && a.m <= 32 && threadIdx.x < 32)
+                reduce_and_publish_statistics_warp(static_cast<int>(a.m), a.h, a.row_nnz, a.count, a.row_l1, a.stats,
+                                                   a.publish, last_record);
+            if (last && a.m > 32)
+                reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
         }
         return;
     }
