@@ -28,7 +28,7 @@
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
 //   twblas-bench [--suite=full|profiles|decode|train|train-eager|eager|serving|serving-paper|
-//                         serving-llama|crossover|heavy-rows|conversions|fp8|smoke]
+//                         serving-llama|crossover|dense-crossover|heavy-rows|conversions|fp8|smoke]
 //                [Google Benchmark flags]
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
@@ -104,6 +104,12 @@ void register_suite(const std::string &suite) {
             for (int64_t m : {512, 1024, 2048, 4096}) register_group(paper, prof, {m}, false, false);
         // and dense mode proper (many units a token) at the sizes where its statistics pass folds
         for (const char *prof : {"uniform-100", "uniform-911"}) register_group(paper, prof, {512}, false, false);
+        return;
+    }
+    if (suite == "dense-crossover") {  // dense mode against the gathers after a dense forward
+        // (heuristics::gathers_pay_in_dense_mode): many active units a token, 2 to 48 tokens
+        for (const char *prof : {"llm-29", "uniform-100", "uniform-300"})
+            register_eager(paper, prof, {2, 4, 8, 16, 32, 48}, 512, true);
         return;
     }
     if (suite == "crossover") {  // the two-pass crossover (heuristics::kTwoPassMinTokens), M = 128 to 1024

@@ -15,7 +15,7 @@ bool serve_applies(const FfnProblem &p) {
 }
 
 bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidden_dim) {
-    return static_cast<double>(tokens) * mean_active <= static_cast<double>(hidden_dim);
+    return static_cast<double>(tokens) * mean_active <= kDenseModeGatherShare * static_cast<double>(hidden_dim);
 }
 
 int serve_token_warps(int64_t tokens, bool writes_h) {

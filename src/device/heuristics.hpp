@@ -129,11 +129,21 @@ constexpr int kUnitTokenGroups = 4;
 #endif
 
 /// After a forward that chose dense mode (below), a call of few tokens still gathers (serving or
-/// decode path) while the unit rows it gathers, tokens x mean active units, are at most H: then
-/// it reads fewer weight bytes than the cuBLAS projections, which read all of Wu and Wd. (The
-/// llm-29 profile's first tokens have ~600 active units: at M = 1 to 32 dense mode took 67 to 96
-/// us against 35 to 37 for the dense FFN, on an H100 at the paper's shape.)
+/// decode path) while the unit rows it gathers, tokens x mean active units, are at most
+/// kDenseModeGatherShare x H: then it reads fewer weight bytes than the cuBLAS projections, which
+/// read all of Wu and Wd. (The llm-29 profile's first tokens have ~600 active units: at M = 1 to
+/// 32 dense mode once took 67 to 96 us against 35 to 37 for the dense FFN, on an H100.)
 bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidden_dim);
+/// The share of H up to which those gathered rows pay. The bytes alone say 1, but the gathers are
+/// chains of round trips and dense mode now runs near the dense FFN: measured on an H200 (bench
+/// --suite=dense-crossover, same call, 0.34 against 1; bench/results/h200-dense-crossover-2026-11-26e.txt)
+/// llm-29 M = 4 / 8 31.7 / 32.0 us against 35.1 / 39.2 (dense FFN 28.8 / 29.3), uniform-100 M = 32
+/// 32.7 against 33.4, the other points (M = 2 to 32, llm-29, uniform-100 and -300) level.
+#ifdef TWBLAS_DENSE_MODE_GATHER_SHARE
+constexpr double kDenseModeGatherShare = TWBLAS_DENSE_MODE_GATHER_SHARE;
+#else
+constexpr double kDenseModeGatherShare = 0.34;
+#endif
 
 /// The masked gate GEMM's tile width, 256 or 192 columns (128 rows, clusters of two along M,
 /// either way): the one whose waves of persistent tiles cost less, a 192-wide wave counted at 3/4
