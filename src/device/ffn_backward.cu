@@ -128,7 +128,8 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
 
     TokenArgs<T> ta{static_cast<const T *>(b.dy.ptr), b.dy.rs, b.dy.cs, rows_vectorizable(b.dy, p.d), static_cast<T *>(b.dx.ptr),
                     b.dx.rs, b.dx.cs, rows_vectorizable(b.dx, p.d), static_cast<const T *>(w.pair), w.pair_stride,
-                    static_cast<const T *>(w.gate), w.gate_ld, p.dp, p.d, p.m, p.h, f32, p.gated, p.highest, b.l1_scale,
+                    static_cast<const T *>(w.gate), w.gate_ld, p.dp, p.d, p.m, p.h, f32, p.gated, p.highest,
+                    b.l1_scale,
                     sv.idx, sv.g, sv.u, sv.count, l.ell, s.dz, s.du};
     launch_tokens<T>(stream, ta);
 

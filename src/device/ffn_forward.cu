@@ -130,8 +130,8 @@ void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w
     // the header and the counters after it (ffn_layout: one memset, one graph node fewer)
     check(cudaMemsetAsync(s.header, 0, static_cast<size_t>(2 + p.m * (2 + nt)) * 4, stream), "cudaMemsetAsync");
     DecodeArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<int>(p.m), p.d,
-                    p.dp, p.h, static_cast<const T *>(w.gate), w.gate_ld, static_cast<const T *>(w.pair), w.pair_stride, p.gated,
-                    p.highest, false, write_h, s.gate, s.ldg, p.tile, nt, s.dec_zero, s.dec_zero + 2 * p.m,
+                    p.dp, p.h, static_cast<const T *>(w.gate), w.gate_ld, static_cast<const T *>(w.pair),
+                    w.pair_stride, p.gated, p.highest, false, write_h, s.gate, s.ldg, p.tile, nt, s.dec_zero, s.dec_zero + 2 * p.m,
                     s.dec_zero + p.m, s.dec_list, blocks, s.dec_partial,
                     s.dec_partial + static_cast<int64_t>(blocks) * p.m * p.dp, neuron_counts};
     // x of every token in shared memory: at most 4 x 4096 x 2 bytes (decode_applies), under 48 KB
@@ -449,8 +449,8 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
 }
 
 /// Dense mode: z = X Wg^T and the up projection of every row (gated) by one cuBLAS GEMM of two
-/// batches, h by one element-wise pass, then the down projection by cuBLAS; the statistics (which read z and h) on
-/// a branch beside the down GEMM, joined before the call's later work. Up to
+/// batches, h by one element-wise pass, then the down projection by cuBLAS; the statistics (which
+/// read z and h) on a branch beside the down GEMM, joined before the call's later work. Up to
 /// heuristics::kDenseModeFoldMaxTokens tokens one pass counts the active units, forms each row's
 /// statistics and publishes them; past it count_active_columns, that pass and finalize do.
 template <class T>

@@ -46,9 +46,9 @@ GemmRunner::~GemmRunner() {
 
 GemmRunner::Plan &GemmRunner::plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z,
                                        size_t workspace_bytes, const GemmBatch &batch) {
-    const Key key{a.rows,  b.rows,         a.cols,         a.ld,          b.ld,
-                  z.ld,    a.order,        b.order,        a.type,        z.type,
-                  static_cast<int>(workspace_bytes >> 20), batch.count, batch.a_stride, batch.b_stride, batch.z_stride};
+    const Key key{a.rows, b.rows, a.cols, a.ld, b.ld, z.ld, a.order, b.order, a.type, z.type,
+                  static_cast<int>(workspace_bytes >> 20), batch.count, batch.a_stride, batch.b_stride,
+                  batch.z_stride};
     auto it = plans_.find(key);
     if (it != plans_.end()) {
         it->second.last_use = ++clock_;
