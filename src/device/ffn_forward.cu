@@ -425,12 +425,12 @@ void run_dense_path_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProbl
     check_launch("scatter_rows");
 }
 
-/// The optional hidden output from h, which the gate buffer now holds (inactive units zeroed, or
-/// outside the gate's mask; dense mode: `h_values`, ldg apart); PLAIN keeps every stored pattern
-/// but +0, as the reference does.
-inline void write_hidden_from_gate(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s,
-                                   const twSpMatDescr *hidden, const ActiveMask &gate_mask = {},
-                                   void *h_values = nullptr) {
+/// The optional hidden output from h: the gate buffer's (inactive units zeroed, or outside the
+/// gate's mask), or dense mode's `h_values` (ldg apart); PLAIN keeps every stored pattern but +0,
+/// as the reference does.
+inline void write_hidden_output(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s,
+                                const twSpMatDescr *hidden, const ActiveMask &gate_mask = {},
+                                void *h_values = nullptr) {
     if (!hidden) return;
     const MatrixArg h{h_values ? h_values : s.gate, p.m, p.h, s.ldg, 1, p.gate_f32() ? TW_R_32F : p.type};
     write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags, gate_mask);
@@ -445,7 +445,7 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
     launch_dependent(finalize<T>, dim3(blocks), dim3(kFinalThreads), 0, stream, st.pdl, "cudaLaunchKernelEx(finalize)",
                      s.gate, s.ldg, p.h, p.gate_f32(), !p.gated, s.dense_rows, s.dense_count, dense_l1, first, p.m,
                      s.row_nnz, s.count, s.row_l1, s.header + 1, st.stats_block(), st.feedback.device());
-    write_hidden_from_gate(stream, p, s, hidden, gate_mask);
+    write_hidden_output(stream, p, s, hidden, gate_mask);
 }
 
 /// Dense mode: z = X Wg^T and the up projection of every row (gated) by one cuBLAS GEMM of two
@@ -555,7 +555,7 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
     }
     if (path.dense_mode) {  // h over u in the workspace
         if constexpr (!std::is_same_v<T, float>) run_dense_mode<T>(stream, st, p, s, x, y, {s.gate, s.up, s.up});
-        write_hidden_from_gate(stream, p, s, hidden, {}, s.up);
+        write_hidden_output(stream, p, s, hidden, {}, s.up);
         return;
     }
     enqueue_gate_and_rows<T>(stream, st, p, path, x, w, xa, ya, s, hidden != nullptr);
