@@ -456,21 +456,20 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
 template <class T>
 void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
                     const twDnMatDescr &x, const twDnMatDescr &y, const DenseModeBuffers &b) {
-    const FfnWeights w = st.weights(p);
-    const char *const z = static_cast<const char *>(b.z), *const up = static_cast<const char *>(b.up);
-    if (p.gated && up > z) {
+    if (p.gated) {
         // z and u as one strided-batched GEMM, as the dense FFN stacks [Wg; Wu]: Wu_j is dp
-        // after Wg_j in the unit rows, and the buffers are (up - z) apart (16-bit values)
-        const GemmBatch both{2, 0, p.dp, (up - z) / 2};
+        // after Wg_j in the unit rows, and u's buffer is (up - z) after z's (16-bit values; both
+        // layouts, the workspace's and the saved state's, place u after z)
+        const FfnWeights w = st.weights(p);
+        const ptrdiff_t apart = static_cast<const char *>(b.up) - static_cast<const char *>(b.z);
+        if (apart < static_cast<ptrdiff_t>(p.m * s.ldg) * 2)
+            fail(TW_STATUS_INTERNAL_ERROR, "dense mode: u's buffer does not follow z's");
         st.gemm.run(stream, 1.0f, gemm_operand(x), {w.gate, p.h, p.d, w.gate_ld, TW_ORDER_ROW, p.type},
-                    {b.z, s.ldg, p.type}, s.lt_workspace, s.lt_bytes, both);
+                    {b.z, s.ldg, p.type}, s.lt_workspace, s.lt_bytes, GemmBatch{2, 0, p.dp, apart / 2});
     } else {
         FfnScratch zs = s;
         zs.gate = b.z;
         run_gate_gemm(stream, st, p, gemm_operand(x), zs);
-        if (p.gated)
-            st.gemm.run(stream, 1.0f, gemm_operand(x), {w.pair, p.h, p.d, w.pair_stride, TW_ORDER_ROW, p.type},
-                        {b.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
     }
     const int64_t chunks = p.m * (s.ldg / 8);
     form_hidden<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(chunks, 256), 8 * st.sm_count))),

@@ -59,6 +59,22 @@ template <> struct Chunk<float> {
     __device__ static float get(const uint4 &c, int i) { return __uint_as_float((&c.x)[i]); }
 };
 
+/// h of one 16-byte chunk as dense mode and the dense path form it: relu(z) * u rounded to T
+/// (gated) or relu(z), +0 from value `valid` on (past the row's last column); each |h| is added
+/// to `l1` in order.
+template <class T>
+__device__ inline void hidden_chunk(const uint4 &zq, const uint4 &uq, bool gated, int64_t valid, T (&out)[Chunk<T>::n],
+                                    float &l1) {
+#pragma unroll
+    for (int e = 0; e < Chunk<T>::n; ++e) {
+        const float g = Chunk<T>::get(zq, e);
+        float hv = 0.0f;
+        if (e < valid && relu_active(g)) hv = gated ? round_to<T>(g * Chunk<T>::get(uq, e)) : g;
+        out[e] = Value<T>::from_float(hv);
+        l1 += fabsf(hv);
+    }
+}
+
 // ---- elements
 
 template <class T> __device__ inline float load_elem(const T *p, int64_t i) { return Value<T>::to_float(p[i]); }

@@ -50,7 +50,7 @@ template <class T>
 __global__ void __launch_bounds__(256)
     compact_hidden(T *gate, int64_t ldg, T *uc, int64_t h, bool gated, const int32_t *rows, const uint32_t *count,
                    int64_t cap, bool write_back, float *row_l1) {
-    constexpr int V = 16 / sizeof(T);  // values a chunk
+    constexpr int V = Chunk<T>::n;  // values a chunk (16-bit T: cuBLAS runs the dense path)
     __shared__ float warp_l1[8];
     const int64_t n = min(static_cast<int64_t>(*count), cap);
     const int64_t chunks = (h + V - 1) / V;
@@ -71,17 +71,11 @@ __global__ void __launch_bounds__(256)
             for (int s = 0; s < kCompactAhead; ++s) {
                 const int64_t c = c0 + s * static_cast<int64_t>(blockDim.x);
                 if (c >= chunks) break;
-                const T *gv = reinterpret_cast<const T *>(&gq[s]), *uv = reinterpret_cast<const T *>(&uq[s]);
+                const T *gv = reinterpret_cast<const T *>(&gq[s]);
                 T hu[V], hg[V];  // into uc (0 past h), and into the gate row (its own value past h)
+                hidden_chunk<T>(gq[s], uq[s], gated, h - c * V, hu, l1);
 #pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    const float g = Value<T>::to_float(gv[e]);
-                    float hv = 0.0f;
-                    if (c * V + e < h && relu_active(g)) hv = gated ? round_to<T>(g * Value<T>::to_float(uv[e])) : g;
-                    hu[e] = Value<T>::from_float(hv);
-                    hg[e] = c * V + e < h ? hu[e] : gv[e];
-                    l1 += fabsf(hv);
-                }
+                for (int e = 0; e < V; ++e) hg[e] = c * V + e < h ? hu[e] : gv[e];
                 *reinterpret_cast<uint4 *>(u_row + c * V) = *reinterpret_cast<const uint4 *>(hu);
                 if (write_back) *reinterpret_cast<uint4 *>(g_row + c * V) = *reinterpret_cast<const uint4 *>(hg);
             }

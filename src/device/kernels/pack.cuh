@@ -63,13 +63,8 @@ __global__ void __launch_bounds__(256) form_hidden(const T *z, const T *u, T *h,
         const uint4 zq = *reinterpret_cast<const uint4 *>(z + at);
         const uint4 uq = u ? *reinterpret_cast<const uint4 *>(u + at) : make_uint4(0, 0, 0, 0);
         T out[V];
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-            const float g = Chunk<T>::get(zq, e);
-            float hv = 0.0f;
-            if (c0 + e < cols && relu_active(g)) hv = u ? round_to<T>(g * Chunk<T>::get(uq, e)) : g;
-            out[e] = Value<T>::from_float(hv);
-        }
+        float l1 = 0.0f;  // unused: the packing pass forms each row's l1 beside the down GEMM
+        hidden_chunk<T>(zq, uq, u != nullptr, cols - c0, out, l1);
         *reinterpret_cast<uint4 *>(h + at) = *reinterpret_cast<const uint4 *>(out);
     }
 }
