@@ -76,23 +76,27 @@ __global__ void scatter_to_dense(ContainerArgs in, bool twell, MatrixArg out) {
     }
 }
 
-/// TwELL -> dense in one pass when the output rows take 16-byte stores: each warp stores its
-/// row's zeros with 16-byte stores, then (after __syncwarp, which orders the lanes' stores) each
-/// lane its tiles' entries over them, while the lines are still in L2; the first eight words of
-/// the lane's first block are loaded before the zeros go out, so their latency hides behind the
-/// stores. (Assembling 1024-column spans in shared memory first took 78 us at 16384 x 5632 on
-/// an H100, ncu: 2.4 TB/s of the write.) Launched with kWarpsPerRowBlock warps per block, on the
-/// stream right after the validation kernel: it writes nothing unless its verdict is "valid and
-/// complete" (so the host reads one result back for both, and the output stays untouched on a
-/// refusal). Launched dependent on the validation (PDL), it loads its first blocks, then waits
-/// for the verdict, which its first thread publishes to the host (`published`, mapped memory)
-/// and then posts (`posted`): the host returns from the call then, while the rows are written.
-/// `vec`: the container's buffer is 16-byte aligned.
+/// TwELL -> dense in one pass when the output rows take 16-byte stores: each warp assembles its
+/// row in shared memory, kSpanColumns at a time (zeros, then its tiles' entries, two bytes each),
+/// and writes the span out with 16-byte stores, so that every global store is a whole chunk of
+/// the row. (Zeros stored to global memory with the entries' 2-byte stores over them came to the
+/// same 78 us as this at 16384 x 5632 uniform-29 on an H100, but llm-29's first tokens, 300 to
+/// 800 entries a row, then put ~20 k scattered 2-byte stores on the few SMs that held them: those
+/// SMs ran 1.4x the mean, ncu, and ended the kernel.) The first eight words of the lane's first
+/// block are loaded before the verdict is awaited. Launched with kWarpsPerRowBlock warps per
+/// block, on the stream right after the validation kernel: it writes nothing unless its verdict
+/// is "valid and complete" (so the host reads one result back for both, and the output stays
+/// untouched on a refusal). Launched dependent on the validation (PDL), it loads its first
+/// blocks, then waits for the verdict, which its first thread publishes to the host (`published`,
+/// mapped memory) and then posts (`posted`): the host returns from the call then, while the rows
+/// are written. `vec`: the container's buffer is 16-byte aligned.
 constexpr int kWarpsPerRowBlock = 4;
+constexpr int64_t kSpanColumns = 2048;  // a multiple of every tile width: a span holds whole tiles, at most 32
 __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(ContainerArgs in, MatrixArg out, bool vec,
                                                                               const InspectResult *verdict,
                                                                               InspectResult *published,
                                                                               unsigned *posted) {
+    __shared__ uint4 spans[kWarpsPerRowBlock][kSpanColumns / 8];
     const int64_t row = warp_row();
     const int lane = static_cast<int>(lane_id());
     const uint32_t *words = twell_row_words(in, row);
@@ -108,19 +112,35 @@ __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(Co
         *static_cast<volatile unsigned *>(posted) = 1;
     }
     if (row >= in.rows || !valid_and_complete(v)) return;
+    uint4 *span = spans[threadIdx.x / 32];
+    auto *span_values = reinterpret_cast<uint16_t *>(span);
     auto *dst = static_cast<uint16_t *>(out.ptr) + row * out.rs;
-    const int64_t full = in.cols / 8;
-    for (int64_t k = lane; k < full; k += 32) reinterpret_cast<uint4 *>(dst)[k] = make_uint4(0, 0, 0, 0);
-    for (int64_t c = full * 8 + lane; c < in.cols; c += 32) dst[c] = 0;
-    __syncwarp();
-    for (int64_t t = lane; t < tiles; t += 32) {
-        const uint32_t *block = words + t * in.words_per_block;
-        if (t != lane) load_block_head(block, vec, head);
-        const int count = min(static_cast<int>(head[0] & kTwellCountMask), in.slots);
+    for (int64_t t0 = 0; t0 < tiles; t0 += 32) {  // the warp's lanes over 32 tiles a round
+        const int64_t t = t0 + lane;
+        int count = 0;
+        if (t < tiles) {
+            if (t0 != 0) load_block_head(words + t * in.words_per_block, vec, head);
+            count = min(static_cast<int>(head[0] & kTwellCountMask), in.slots);
+        }
+        const int64_t round_end = min((t0 + 32) * in.tile, in.cols);
+        for (int64_t s0 = t0 * in.tile; s0 < round_end; s0 += kSpanColumns) {
+            const int64_t s1 = min(s0 + kSpanColumns, round_end);
+            for (int k = lane; k < kSpanColumns / 8; k += 32) span[k] = make_uint4(0, 0, 0, 0);
+            __syncwarp();
+            const bool mine = t < tiles && t * in.tile >= s0 && t * in.tile < s1;
+            if (mine) {
 #pragma unroll
-        for (int i = 0; i < 7; ++i)
-            if (i < count) dst[head[1 + i] & 0xffffu] = static_cast<uint16_t>(head[1 + i] >> 16);
-        for_block_tail(block, count, vec, [&](uint32_t e) { dst[e & 0xffffu] = static_cast<uint16_t>(e >> 16); });
+                for (int i = 0; i < 7; ++i)
+                    if (i < count) span_values[(head[1 + i] & 0xffffu) - s0] = static_cast<uint16_t>(head[1 + i] >> 16);
+            }
+            for_round_tails<4>(words, t0, in.words_per_block, mine ? count : 0,
+                            [&](uint32_t e, int64_t) { span_values[(e & 0xffffu) - s0] = static_cast<uint16_t>(e >> 16); });
+            __syncwarp();  // the span's entries in place before any lane copies it out
+            const int64_t chunks = (s1 - s0) / 8;  // s0 is a multiple of 8: whole chunks, then the row's last values
+            for (int64_t k = lane; k < chunks; k += 32) reinterpret_cast<uint4 *>(dst + s0)[k] = span[k];
+            for (int64_t c = s0 + chunks * 8 + lane; c < s1; c += 32) dst[c] = span_values[c - s0];
+            __syncwarp();  // copied out before the next span clears it
+        }
     }
 }
 

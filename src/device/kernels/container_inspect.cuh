@@ -138,53 +138,74 @@ __device__ inline void load_block_head(const uint32_t *block, bool vec, uint32_t
     for (int k = 0; k < 8; ++k) w[k] = block[k];
 }
 
-/// Entries 7 .. count - 1 of a TwELL block (words 8 .. count) to f(entry), four words a load
-/// where `vec` (word 8 of a block is 32-byte aligned, and count <= W - 1 keeps the last load
-/// inside the block, W being a multiple of 8).
-template <class F> __device__ inline void for_block_tail(const uint32_t *block, int count, bool vec, F &&f) {
-#pragma unroll 2
-    for (int i = 8; i <= count; i += 4) {
-        uint32_t q[4];
-        if (vec) {
-            const uint4 v = *reinterpret_cast<const uint4 *>(block + i);
-            q[0] = v.x, q[1] = v.y, q[2] = v.z, q[3] = v.w;
-        } else {
+/// The entries past the seventh of a round of up to 32 tiles of a row, one tile a lane (`count`:
+/// the lane's tile's entries when it has more than seven, else anything up to 7), spread over the
+/// whole warp: flat index f over the tiles' tails in tile order, lane l taking f = l, l + 32, ...
+/// and issuing the loads of `Batch` of them before using any; f(entry, tile t0 + owner lane).
+/// Why: llm-29's first tokens hold 300 to 800 entries, up to 49 in a tile, and a lane walking its
+/// own tile's tail (four words a load) made a round trip per four entries of the row's fullest
+/// tile; the warps of those rows ended both kernels (ncu at 4096 x 5632 on an H100: the busiest
+/// SM's active cycles 2.2x the mean in validation, 1.5x in TwELL -> dense; uniform-29 1.3x, 1.1x).
+/// Every lane of the warp calls it (shuffles); words past `count` are never read.
+template <int Batch = 8, class F>
+__device__ inline void for_round_tails(const uint32_t *words, int64_t t0, int64_t words_per_block, int count, F &&f) {
+    const int lane = static_cast<int>(lane_id());
+    const int own = max(count - 7, 0);
+    const int incl = warp_scan_incl(own);
+    const int total = __shfl_sync(kFullMask, incl, 31);
+    const int excl = incl - own;
+    for (int base = 0; base < total; base += 32 * Batch) {  // total is the same in every lane
+        uint32_t e[Batch];
+        int owner[Batch];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) q[k] = i + k <= count ? block[i + k] : 0u;
+        for (int k = 0; k < Batch; ++k) {
+            const int fi = base + 32 * k + lane;
+            int lo = 0;  // lanes whose tails end at or before fi: the owner of fi (incl ascends)
+#pragma unroll
+            for (int step = 16; step > 0; step >>= 1)
+                if (__shfl_sync(kFullMask, incl, lo + step - 1) <= fi) lo += step;
+            const int start = __shfl_sync(kFullMask, excl, lo);
+            owner[k] = lo;
+            e[k] = fi < total ? words[(t0 + lo) * words_per_block + 8 + (fi - start)] : 0u;
         }
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-            if (i + k <= count) f(q[k]);
+        for (int k = 0; k < Batch; ++k)
+            if (base + 32 * k + lane < total) f(e[k], t0 + owner[k]);
     }
 }
 
-/// A thread's bitmap of a tile's columns in shared memory, word k at words[k * stride]: the
-/// block's threads interleaved, so that a warp's lanes reach 32 different banks whichever words
-/// they touch (eight consecutive words a thread put 8 lanes on each bank).
-struct SeenColumns {
-    uint32_t *words;
-    int stride;
-    __device__ uint32_t &operator[](int64_t k) const { return words[k * stride]; }
-};
-
-/// One entry of a tile (checks::twell_row's per-entry part): its column inside the tile, and
-/// not seen before in it. `seen` is the calling thread's bitmap of the tile's columns.
-__device__ inline bool twell_entry_ok(uint32_t entry, int64_t lo, int64_t hi, const SeenColumns &seen) {
-    const int64_t col = entry & 0xffffu;
-    if (col < lo || col >= hi) return false;
-    const uint32_t bit = 1u << ((col - lo) & 31);
-    uint32_t &word = seen[(col - lo) >> 5];
-    if (word & bit) return false;  // a duplicate column
-    word |= bit;
-    return true;
+/// Asks L2 for the lines holding words 8 .. count of a block, as soon as its header says it has a
+/// tail: for_round_tails then finds them there. (llm-29's first tokens at 4096 x 5632 on an H100:
+/// ~600 tail words a row, three of its round trips to DRAM, ~12 k cycles, past the ~9 k that a
+/// sparse row's validation takes.)
+__device__ inline void prefetch_block_tail(const uint32_t *block, int count) {
+    constexpr uintptr_t kLine = 128;
+    const uintptr_t end = reinterpret_cast<uintptr_t>(block + count);
+    for (uintptr_t a = reinterpret_cast<uintptr_t>(block + 8) & ~(kLine - 1); a <= end; a += kLine)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
-/// One block of a row (checks::twell_row's per-tile part): false on a violation. Up to seven
-/// entries (nearly every tile of a sparse row) are checked in registers, pair by pair; more
-/// through `seen`, the calling thread's bitmap of the tile's columns (8 words: tiles are at most
-/// 256 wide).
-__device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const ContainerArgs &c, bool vec, bool &overflow,
-                                      const SeenColumns &seen) {
+/// A warp's bitmaps of the columns of its round's tiles with more than seven entries, in shared
+/// memory: tile t0 + l at words[8 l .. 8 l + 7] (tiles are at most 256 wide). Lanes set bits with
+/// atomicOr, so two lanes holding the same column find each other whichever comes first.
+struct TileBitmaps {
+    uint32_t *words;
+    /// A column of tile t0 + l in [lo, hi) not seen before in it (checks::twell_row's per-entry part).
+    __device__ bool insert(int l, uint32_t entry, int64_t lo, int64_t hi) const {
+        const int64_t col = entry & 0xffffu;
+        if (col < lo || col >= hi) return false;
+        const uint32_t bit = 1u << ((col - lo) & 31);
+        return !(atomicOr(&words[8 * l + ((col - lo) >> 5)], bit) & bit);
+    }
+};
+
+/// The first eight words of one block of a row (checks::twell_row's per-tile part): false on a
+/// violation. Up to seven entries (nearly every tile of a sparse row) are checked in registers,
+/// pair by pair; a fuller tile's first seven go into its bitmap (lane `l`'s of the round), and
+/// `tail` says how many entries the caller must still check (for_round_tails), else 0.
+__device__ inline bool twell_block_head_ok(const uint32_t *block, int64_t t, const ContainerArgs &c, bool vec,
+                                           bool &overflow, const TileBitmaps &seen, int l, int &tail) {
+    tail = 0;
     uint32_t head[8];
     load_block_head(block, vec, head);
     const uint32_t header = head[0];
@@ -206,10 +227,11 @@ __device__ inline bool twell_block_ok(const uint32_t *block, int64_t t, const Co
         }
         return ok;
     }
-    for (int k = 0; k < 8; ++k) seen[k] = 0;
+    prefetch_block_tail(block, count);
+    for (int k = 0; k < 8; ++k) seen.words[8 * l + k] = 0;
 #pragma unroll
-    for (int i = 0; i < 7; ++i) ok &= twell_entry_ok(head[1 + i], lo, hi, seen);
-    for_block_tail(block, count, vec, [&](uint32_t e) { ok &= twell_entry_ok(e, lo, hi, seen); });
+    for (int i = 0; i < 7; ++i) ok &= seen.insert(l, head[1 + i], lo, hi);
+    tail = count;
     return ok;
 }
 
@@ -224,7 +246,7 @@ __global__ void __launch_bounds__(kCheckThreads) twell_check(ContainerArgs c, bo
     allow_dependent_launch();
     clear_other_slot(clear);
     if (blockIdx.x >= row_blocks) return twell_check_record(c, blockIdx.x - row_blocks, gridDim.x - row_blocks, out);
-    __shared__ uint32_t seen[8 * kCheckThreads];
+    __shared__ uint32_t seen[8 * kCheckThreads];  // a warp's 32 tiles x 8 words
     const int64_t row = warp_row();
     if (row >= c.rows) return;
     const int lane = static_cast<int>(lane_id());
@@ -232,9 +254,19 @@ __global__ void __launch_bounds__(kCheckThreads) twell_check(ContainerArgs c, bo
     const uint32_t *record = reinterpret_cast<const uint32_t *>(c.base) + c.record;
     const uint32_t listed_rows = lane == 0 ? record[0] : 0u;  // in flight with the blocks' loads
     const int64_t tiles = (c.cols + c.tile - 1) / c.tile;
+    const TileBitmaps bitmaps{seen + 8 * (threadIdx.x & ~31u)};
     bool ok = true, overflow = false;
-    for (int64_t t = lane; t < tiles; t += 32)
-        ok &= twell_block_ok(words + t * c.words_per_block, t, c, vec, overflow, {seen + threadIdx.x, kCheckThreads});
+    for (int64_t t0 = 0; t0 < tiles; t0 += 32) {  // the warp's lanes over 32 tiles a round
+        const int64_t t = t0 + lane;
+        int tail = 0;
+        if (t < tiles) ok &= twell_block_head_ok(words + t * c.words_per_block, t, c, vec, overflow, bitmaps, lane, tail);
+        __syncwarp();  // the bitmaps cleared and holding the first seven entries
+        for_round_tails(words, t0, c.words_per_block, tail, [&](uint32_t e, int64_t tile) {
+            const int64_t lo = tile * c.tile;
+            ok &= bitmaps.insert(static_cast<int>(tile - t0), e, lo, min(lo + c.tile, c.cols));
+        });
+        __syncwarp();  // before the next round clears them
+    }
     ok = __all_sync(0xffffffffu, ok);
     overflow = __any_sync(0xffffffffu, overflow);
     if (lane == 0) {
