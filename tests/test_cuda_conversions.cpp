@@ -5,6 +5,7 @@
 // every tile width and compression, checked by round trips on the GPU.
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include "backend_support.hpp"
@@ -316,6 +317,65 @@ TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and
         INFO("corruptions the validation refused: " << failures);
         CHECK(failures > 200);  // many changes break an invariant; the rest touch free slots or counts that stay legal
     }
+}
+
+TEST_CASE("CUDA TwELL: tiles with more than seven entries, validated and written by the whole warp", "[cuda][conversions]") {
+    // Every third row fills its tiles with 8 .. S entries (llm-29's first tokens): the entries past
+    // the seventh, which the validation and TwELL -> dense spread over the warp's lanes, over two
+    // rounds of 32 tiles where T = 64 and several spans of the row; then single words of those
+    // tails corrupted (a column repeated, a column outside its tile), which both must refuse.
+    const int64_t rows = 150, cols = 2501;
+    for (const int32_t tile : {64, 128, 256})
+        for (const int32_t comp : {2, 4, 8}) {
+            if (tile / comp - 1 < 8) continue;  // S = 7: no tile has a tail
+            DYNAMIC_SECTION("T " << tile << " C " << comp) {
+                const TwellWords tl(rows, cols, tile, comp);
+                std::mt19937_64 rng(static_cast<uint64_t>(tile * 10 + comp));
+                Dense in(rows, cols, TW_R_16BF);
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t t = 0; t < tl.tiles; ++t) {
+                        const int64_t width = std::min<int64_t>(cols - t * tile, tile);
+                        const int64_t full = std::min<int64_t>(width, tl.slots);
+                        const int64_t n = r % 3 == 0 ? std::min<int64_t>(full, 8 + static_cast<int64_t>(rng() % (tl.slots - 7)))
+                                                     : static_cast<int64_t>(rng() % 4);
+                        std::vector<int64_t> at(static_cast<size_t>(width));
+                        for (int64_t c = 0; c < width; ++c) at[static_cast<size_t>(c)] = t * tile + c;
+                        std::shuffle(at.begin(), at.end(), rng);
+                        for (int64_t i = 0; i < n; ++i) in.set(r, at[static_cast<size_t>(i)], 1.0f + static_cast<float>(rng() % 64) / 8.0f);
+                    }
+                Handle hc(TW_BACKEND_CPU), hg(TW_BACKEND_CUDA);
+                Buffers bc(TW_BACKEND_CPU), bg(TW_BACKEND_CUDA);
+                const Spec spec{true, tile, comp};
+                const twSpMatDescr_t sc = make(bc, spec, rows, cols, TW_R_16BF), sg = make(bg, spec, rows, cols, TW_R_16BF);
+                const std::vector<uint32_t> valid = reference_words(hc, bc, sc, in);
+                bg.write_words(sg, valid);
+                REQUIRE(require_same_inspection(hc, sc, hg, sg, rows, cols).status == TW_STATUS_SUCCESS);
+                int refused = 0;
+                for (int trial = 0; trial < 30; ++trial) {
+                    std::vector<uint32_t> w = valid;
+                    int64_t r = 0, t = 0;
+                    do {  // a block with a tail (a row's last tile may be narrower than 8 columns)
+                        r = 3 * static_cast<int64_t>(rng() % (rows / 3));
+                        t = static_cast<int64_t>(rng() % tl.tiles);
+                    } while ((w[tl.block(r, t)] & 0xffffu) < 8);
+                    const size_t block = tl.block(r, t);
+                    const int64_t count = w[block] & 0xffffu;
+                    const size_t i = block + 8 + rng() % static_cast<size_t>(count - 7);  // a word of the tail
+                    if (trial % 2 == 0) {  // the column of an earlier entry of the block
+                        const size_t j = block + 1 + rng() % (i - block - 1);
+                        w[i] = (w[i] & 0xffff0000u) | (w[j] & 0xffffu);
+                    } else {  // the first column past the tile, or the last before it
+                        const int64_t col = t + 1 < tl.tiles ? (t + 1) * tile : t * tile - 1;
+                        w[i] = (w[i] & 0xffff0000u) | static_cast<uint32_t>(col);
+                    }
+                    bc.write_words(sc, w);
+                    bg.write_words(sg, w);
+                    INFO("trial " << trial << " row " << r << " tile " << t);
+                    refused += require_same_inspection(hc, sc, hg, sg, rows, cols).status != TW_STATUS_SUCCESS;
+                }
+                CHECK(refused == 30);
+            }
+        }
 }
 
 TEST_CASE("CUDA conversions: a TwELL buffer on 4 bytes, not 16", "[cuda][conversions]") {

@@ -91,7 +91,7 @@ __global__ void scatter_to_dense(ContainerArgs in, bool twell, MatrixArg out) {
 /// mapped memory) and then posts (`posted`): the host returns from the call then, while the rows
 /// are written. `vec`: the container's buffer is 16-byte aligned.
 constexpr int kWarpsPerRowBlock = 4;
-constexpr int64_t kSpanColumns = 2048;  // a multiple of every tile width: a span holds whole tiles, at most 32
+constexpr int kSpanColumns = 2048;  // a multiple of every tile width: a span holds whole tiles, at most 32
 __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(ContainerArgs in, MatrixArg out, bool vec,
                                                                               const InspectResult *verdict,
                                                                               InspectResult *published,
@@ -115,30 +115,32 @@ __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(Co
     uint4 *span = spans[threadIdx.x / 32];
     auto *span_values = reinterpret_cast<uint16_t *>(span);
     auto *dst = static_cast<uint16_t *>(out.ptr) + row * out.rs;
-    for (int64_t t0 = 0; t0 < tiles; t0 += 32) {  // the warp's lanes over 32 tiles a round
-        const int64_t t = t0 + lane;
+    // columns and tiles fit 32 bits (cols <= 65536): fewer registers than 64-bit indices
+    const int cols = static_cast<int>(in.cols), tile = static_cast<int>(in.tile), ntiles = static_cast<int>(tiles);
+    for (int t0 = 0; t0 < ntiles; t0 += 32) {  // the warp's lanes over 32 tiles a round
+        const int t = t0 + lane;
         int count = 0;
-        if (t < tiles) {
-            if (t0 != 0) load_block_head(words + t * in.words_per_block, vec, head);
+        if (t < ntiles) {
+            if (t0 != 0) load_block_head(words + static_cast<int64_t>(t) * in.words_per_block, vec, head);
             count = min(static_cast<int>(head[0] & kTwellCountMask), in.slots);
         }
-        const int64_t round_end = min((t0 + 32) * in.tile, in.cols);
-        for (int64_t s0 = t0 * in.tile; s0 < round_end; s0 += kSpanColumns) {
-            const int64_t s1 = min(s0 + kSpanColumns, round_end);
+        const int round_end = min((t0 + 32) * tile, cols);
+        for (int s0 = t0 * tile; s0 < round_end; s0 += kSpanColumns) {
+            const int s1 = min(s0 + kSpanColumns, round_end);
             for (int k = lane; k < kSpanColumns / 8; k += 32) span[k] = make_uint4(0, 0, 0, 0);
             __syncwarp();
-            const bool mine = t < tiles && t * in.tile >= s0 && t * in.tile < s1;
+            const bool mine = t < ntiles && t * tile >= s0 && t * tile < s1;
             if (mine) {
 #pragma unroll
                 for (int i = 0; i < 7; ++i)
                     if (i < count) span_values[(head[1 + i] & 0xffffu) - s0] = static_cast<uint16_t>(head[1 + i] >> 16);
             }
             for_round_tails<4>(words, t0, in.words_per_block, mine ? count : 0,
-                            [&](uint32_t e, int64_t) { span_values[(e & 0xffffu) - s0] = static_cast<uint16_t>(e >> 16); });
+                               [&](uint32_t e, int64_t) { span_values[(e & 0xffffu) - s0] = static_cast<uint16_t>(e >> 16); });
             __syncwarp();  // the span's entries in place before any lane copies it out
-            const int64_t chunks = (s1 - s0) / 8;  // s0 is a multiple of 8: whole chunks, then the row's last values
-            for (int64_t k = lane; k < chunks; k += 32) reinterpret_cast<uint4 *>(dst + s0)[k] = span[k];
-            for (int64_t c = s0 + chunks * 8 + lane; c < s1; c += 32) dst[c] = span_values[c - s0];
+            const int chunks = (s1 - s0) / 8;  // s0 is a multiple of 8: whole chunks, then the row's last values
+            for (int k = lane; k < chunks; k += 32) reinterpret_cast<uint4 *>(dst + s0)[k] = span[k];
+            for (int c = s0 + chunks * 8 + lane; c < s1; c += 32) dst[c] = span_values[c - s0];
             __syncwarp();  // copied out before the next span clears it
         }
     }
