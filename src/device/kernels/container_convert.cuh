@@ -79,10 +79,10 @@ __global__ void scatter_to_dense(ContainerArgs in, bool twell, MatrixArg out) {
 /// TwELL -> dense in one pass when the output rows take 16-byte stores: each warp assembles its
 /// row in shared memory, kSpanColumns at a time (zeros, then its tiles' entries, two bytes each),
 /// and writes the span out with 16-byte stores, so that every global store is a whole chunk of
-/// the row. (Zeros stored to global memory with the entries' 2-byte stores over them came to the
-/// same 78 us as this at 16384 x 5632 uniform-29 on an H100, but llm-29's first tokens, 300 to
-/// 800 entries a row, then put ~20 k scattered 2-byte stores on the few SMs that held them: those
-/// SMs ran 1.4x the mean, ncu, and ended the kernel.) The first eight words of the lane's first
+/// the row. (Zeros stored to global memory with the entries' 2-byte stores over them: 78 us at
+/// 16384 x 5632 uniform-29 on an H100 against this one's 74, ncu; and llm-29's first tokens, 300
+/// to 800 entries a row, put their thousands of scattered 2-byte stores on the few SMs that held
+/// them, which ended the kernel: 86 us against this one's 79.) The first eight words of the lane's first
 /// block are loaded before the verdict is awaited. Launched with kWarpsPerRowBlock warps per
 /// block, on the stream right after the validation kernel: it writes nothing unless its verdict
 /// is "valid and complete" (so the host reads one result back for both, and the output stays
