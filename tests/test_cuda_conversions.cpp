@@ -319,7 +319,8 @@ TEST_CASE("CUDA validation: corrupted containers get the reference's verdict and
     }
 }
 
-TEST_CASE("CUDA TwELL: tiles with more than seven entries, validated and written by the whole warp", "[cuda][conversions]") {
+TEST_CASE("CUDA TwELL: tiles with more than seven entries, validated and written by the whole warp",
+          "[cuda][conversions]") {
     // Every third row fills its tiles with 8 .. S entries (llm-29's first tokens): the entries past
     // the seventh, which the validation and TwELL -> dense spread over the warp's lanes, over two
     // rounds of 32 tiles where T = 64 and several spans of the row; then single words of those
@@ -336,17 +337,20 @@ TEST_CASE("CUDA TwELL: tiles with more than seven entries, validated and written
                     for (int64_t t = 0; t < tl.tiles; ++t) {
                         const int64_t width = std::min<int64_t>(cols - t * tile, tile);
                         const int64_t full = std::min<int64_t>(width, tl.slots);
-                        const int64_t n = r % 3 == 0 ? std::min<int64_t>(full, 8 + static_cast<int64_t>(rng() % (tl.slots - 7)))
-                                                     : static_cast<int64_t>(rng() % 4);
+                        const int64_t n =
+                            r % 3 == 0 ? std::min<int64_t>(full, 8 + static_cast<int64_t>(rng() % (tl.slots - 7)))
+                                       : static_cast<int64_t>(rng() % 4);
                         std::vector<int64_t> at(static_cast<size_t>(width));
                         for (int64_t c = 0; c < width; ++c) at[static_cast<size_t>(c)] = t * tile + c;
                         std::shuffle(at.begin(), at.end(), rng);
-                        for (int64_t i = 0; i < n; ++i) in.set(r, at[static_cast<size_t>(i)], 1.0f + static_cast<float>(rng() % 64) / 8.0f);
+                        for (int64_t i = 0; i < n; ++i)
+                            in.set(r, at[static_cast<size_t>(i)], 1.0f + static_cast<float>(rng() % 64) / 8.0f);
                     }
                 Handle hc(TW_BACKEND_CPU), hg(TW_BACKEND_CUDA);
                 Buffers bc(TW_BACKEND_CPU), bg(TW_BACKEND_CUDA);
                 const Spec spec{true, tile, comp};
-                const twSpMatDescr_t sc = make(bc, spec, rows, cols, TW_R_16BF), sg = make(bg, spec, rows, cols, TW_R_16BF);
+                const twSpMatDescr_t sc = make(bc, spec, rows, cols, TW_R_16BF),
+                                     sg = make(bg, spec, rows, cols, TW_R_16BF);
                 const std::vector<uint32_t> valid = reference_words(hc, bc, sc, in);
                 bg.write_words(sg, valid);
                 REQUIRE(require_same_inspection(hc, sc, hg, sg, rows, cols).status == TW_STATUS_SUCCESS);

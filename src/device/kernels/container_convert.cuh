@@ -135,9 +135,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerRowBlock) twell_rows_to_dense(Co
                 for (int i = 0; i < 7; ++i)
                     if (i < count) span_values[(head[1 + i] & 0xffffu) - s0] = static_cast<uint16_t>(head[1 + i] >> 16);
             }
-            for_round_tails<4>(words, t0, in.words_per_block, mine ? count : 0,
-                               [&](uint32_t e, int64_t) { span_values[(e & 0xffffu) - s0] = static_cast<uint16_t>(e >> 16); });
-            __syncwarp();  // the span's entries in place before any lane copies it out
+            for_round_tails<4>(words, t0, in.words_per_block, mine ? count : 0, [&](uint32_t e, int64_t) {
+                span_values[(e & 0xffffu) - s0] = static_cast<uint16_t>(e >> 16);
+            });
+            __syncwarp();                      // the span's entries in place before any lane copies it out
             const int chunks = (s1 - s0) / 8;  // s0 is a multiple of 8: whole chunks, then the row's last values
             for (int k = lane; k < chunks; k += 32) reinterpret_cast<uint4 *>(dst + s0)[k] = span[k];
             for (int c = s0 + chunks * 8 + lane; c < s1; c += 32) dst[c] = span_values[c - s0];

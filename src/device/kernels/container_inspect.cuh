@@ -259,7 +259,8 @@ __global__ void __launch_bounds__(kCheckThreads) twell_check(ContainerArgs c, bo
     for (int64_t t0 = 0; t0 < tiles; t0 += 32) {  // the warp's lanes over 32 tiles a round
         const int64_t t = t0 + lane;
         int tail = 0;
-        if (t < tiles) ok &= twell_block_head_ok(words + t * c.words_per_block, t, c, vec, overflow, bitmaps, lane, tail);
+        if (t < tiles)
+            ok &= twell_block_head_ok(words + t * c.words_per_block, t, c, vec, overflow, bitmaps, lane, tail);
         __syncwarp();  // the bitmaps cleared and holding the first seven entries
         for_round_tails(words, t0, c.words_per_block, tail, [&](uint32_t e, int64_t tile) {
             const int64_t lo = tile * c.tile;
