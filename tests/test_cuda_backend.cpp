@@ -83,19 +83,20 @@ TEST_CASE("CUDA FFN: the masked gate GEMM's path (sm_90) at sizes off its tiles,
 }
 
 TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the reference", "[cuda][ffn]") {
-    // 150 active units of 600 is far above the gather break-even (H / 128): the second forward
-    // runs the up and down projections as cuBLAS GEMMs over every row. Up to 512 tokens the
-    // packing pass also counts the units and publishes the statistics (M = 20: 16 warps a row
-    // and one warp's reduction; 200; 333: its last block adds two rows a thread), past that
-    // count_active_columns and finalize do (M = 600)
+    // a quarter of the units active is far above the gather break-even (H / 128): the second
+    // forward runs the up and down projections as cuBLAS GEMMs over every row. Up to 512 tokens
+    // the packing pass also counts the units and publishes the statistics (M = 20: 16 warps a
+    // row and one warp's reduction; 200; 333: its last block adds two rows a thread), past that
+    // count_active_columns and finalize do (M = 600). H = 4500: 18 steps of 256 columns a row,
+    // several for each of the row's warps, the last one part-filled
     for (int64_t m : {20, 200, 333, 600})
         for (bool gated : {true, false})
             for (int hidden : {0, 1, 2}) {
                 FfnCase c;
                 c.m = m;
                 c.d = 128;
-                c.h = 600;
-                c.k = 150;
+                c.h = hidden == 1 ? 4500 : 600;
+                c.k = c.h / 4;
                 c.gated = gated;
                 c.hidden = hidden;
                 c.type = hidden == 0 ? TW_R_16F : TW_R_16BF;
@@ -103,7 +104,8 @@ TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the refer
                 const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
                 const FfnResult gpu = run_ffn(c, data, TW_BACKEND_CUDA, FfnRun().times(2).with_stats_between());
                 const ErrorReport e = compare(gpu.y, cpu.y, c.d);
-                INFO("M " << m << (gated ? " gated" : " plain") << " hidden " << hidden << ": " << e.worst);
+                INFO("M " << m << " H " << c.h << (gated ? " gated" : " plain") << " hidden " << hidden << ": "
+                          << e.worst);
                 REQUIRE(e.rel <= type_bound(c));
                 CHECK(gpu.stats.overflowRows == cpu.stats.overflowRows);
                 CHECK(gpu.stats.meanRowNnz == Approx(cpu.stats.meanRowNnz).epsilon(0.01));
