@@ -210,26 +210,27 @@ struct DenseModeBuffers {
     void *z, *up, *h;
 };
 
-/// The packing pass: unit lists (sparse paths), or each row's statistics and l1 from z and h
-/// (dense mode, `dense`). With `stats` (dense mode) the pass also publishes the statistics
-/// (finalize's work).
+/// The packing pass of the sparse paths: unit lists, counts, the dense list, per-unit counts.
 template <class T>
 void launch_pack(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts,
-                 bool zero_inactive, const DenseModeBuffers *dense = nullptr, FfnStatsBlock *stats = nullptr,
-                 FfnFeedback *publish = nullptr) {
+                 bool zero_inactive) {
     check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
-    const bool dense_mode = dense != nullptr;
-    PackArgs<T> pk{dense_mode ? dense->z : s.gate, s.ldg, p.m, p.h, p.gate_f32(), zero_inactive, p.tile, p.slots,
-                   s.cap, s.idx, s.count, s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, s.row_limit,
-                   dense_mode ? static_cast<const T *>(dense->h) : nullptr, dense_mode,
-                   p.m <= heuristics::kPackDenseWideMaxTokens ? kPackDenseWarpsMax : 8, s.row_l1,
-                   dense_mode ? stats : nullptr, publish, s.header + 1};
-    static_assert(kPackDenseWarpsMax >= 8, "pack_rows's dense mode takes up to kPackDenseWarpsMax warps a row");
-    if (dense_mode)  // a block per row
-        pack_rows<T><<<static_cast<unsigned>(p.m), 32 * pk.dense_warps, 0, stream>>>(pk);
-    else
-        pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
+    const PackArgs<T> pk{s.gate, s.ldg, p.m, p.h, p.gate_f32(), zero_inactive, p.tile, p.slots, s.cap, s.idx, s.count,
+                         s.row_nnz, s.dense_rows, s.dense_count, neuron_counts, s.row_limit};
+    pack_rows<T><<<static_cast<unsigned>(ceil_div(p.m, 4)), 128, 0, stream>>>(pk);
     check_launch("pack_rows");
+}
+
+/// Dense mode's statistics from z and h (a block per row; the header zeroed by form_hidden).
+/// With `stats` its last block also publishes them (finalize's work).
+template <class T>
+void launch_dense_stats(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, const void *z, const void *h,
+                        unsigned long long *neuron_counts, FfnStatsBlock *stats = nullptr, FfnFeedback *publish = nullptr) {
+    const DenseStatsArgs<T> a{static_cast<const T *>(z), static_cast<const T *>(h), s.ldg, p.m, p.h, p.tile, p.slots,
+                              s.row_limit, neuron_counts, s.count, s.row_nnz, s.row_l1, stats, publish, s.header + 1};
+    const int warps = p.m <= heuristics::kDenseStatsWideMaxTokens ? kDenseStatsWarpsMax : 8;
+    dense_row_stats<T><<<static_cast<unsigned>(p.m), 32 * warps, 0, stream>>>(a);
+    check_launch("dense_row_stats");
 }
 
 /// The gate and the unit lists of the sparse paths: the masked gate GEMM and the lists from its
@@ -451,8 +452,9 @@ void launch_finish(cudaStream_t stream, const CudaFfnState &st, const FfnProblem
 /// Dense mode: z = X Wg^T and the up projection of every row (gated) by one cuBLAS GEMM of two
 /// batches, h by one element-wise pass, then the down projection by cuBLAS; the statistics (which
 /// read z and h) on a branch beside the down GEMM, joined before the call's later work. Up to
-/// heuristics::kDenseModeFoldMaxTokens tokens one pass counts the active units, forms each row's
-/// statistics and publishes them; past it count_active_columns, that pass and finalize do.
+/// heuristics::kDenseModeFoldMaxTokens tokens one pass (dense_row_stats) counts the active
+/// units, forms each row's statistics and publishes them; past it count_active_columns, that
+/// pass and finalize do.
 template <class T>
 void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
                     const twDnMatDescr &x, const twDnMatDescr &y, const DenseModeBuffers &b) {
@@ -474,20 +476,24 @@ void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, 
     const int64_t chunks = p.m * (s.ldg / 8);
     form_hidden<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(chunks, 256), 8 * st.sm_count))),
                      256, 0, stream>>>(static_cast<const T *>(b.z), p.gated ? static_cast<const T *>(b.up) : nullptr,
-                                       static_cast<T *>(b.h), s.ldg, p.m, p.h);
+                                       static_cast<T *>(b.h), s.ldg, p.m, p.h, s.header);
     check_launch("form_hidden");
-    // the statistics took 8-10 us at 64 tokens on an H100 (ncu): beside the GEMM, off the path
-    const cudaStream_t side = st.branch.fork(stream);
-    if (p.m <= heuristics::kDenseModeFoldMaxTokens) {
-        launch_pack<T>(side, p, s, st.neuron_counts(), false, &b, st.stats_block(), st.feedback.device());
-    } else {
-        launch_count_dense<T>(side, p, b.z, s.ldg, st.neuron_counts());
-        launch_pack<T>(side, p, s, nullptr, false, &b);
-        launch_finish<T>(side, st, p, s, false, 0, nullptr);
-    }
+    // the statistics beside the down GEMM, off the path; the GEMM enqueued first, so that its
+    // tiles take the SMs before the statistics' blocks: in the other order (and no memset node
+    // before them) 256 tokens took 54.6 us against 51.4 on an H100, llm-29
+    // (bench/results/h100-dense-stats-lean-2026-11-26g.txt)
+    st.branch.mark(stream);
     st.gemm.run(stream, 1.0f, {b.h, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
                 {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type}, s.lt_workspace,
                 s.lt_bytes);
+    const cudaStream_t side = st.branch.fork_from_mark();
+    if (p.m <= heuristics::kDenseModeFoldMaxTokens) {
+        launch_dense_stats<T>(side, p, s, b.z, b.h, st.neuron_counts(), st.stats_block(), st.feedback.device());
+    } else {
+        launch_count_dense<T>(side, p, b.z, s.ldg, st.neuron_counts());
+        launch_dense_stats<T>(side, p, s, b.z, b.h, nullptr);
+        launch_finish<T>(side, st, p, s, false, 0, nullptr);
+    }
     st.branch.join(stream);
 }
 

@@ -90,7 +90,13 @@ class StreamBranch {
     StreamBranch &operator=(const StreamBranch &) = delete;
     /// The side stream, after main's work so far.
     cudaStream_t fork(cudaStream_t main) {
-        check(cudaEventRecord(forked_.get(), main), "cudaEventRecord");
+        mark(main);
+        return fork_from_mark();
+    }
+    /// A fork in two steps, so that main's next work is enqueued before the side's: the point
+    /// of main's work so far, then the side stream after that point.
+    void mark(cudaStream_t main) { check(cudaEventRecord(forked_.get(), main), "cudaEventRecord"); }
+    cudaStream_t fork_from_mark() {
         check(cudaStreamWaitEvent(side_, forked_.get(), 0), "cudaStreamWaitEvent");
         return side_;
     }

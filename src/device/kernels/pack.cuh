@@ -1,6 +1,7 @@
 // Packing the gate's output: one warp per token turns its gate row into the list of active units
 // (ascending), flags rows with a TwELL tile over capacity or too many units for gathers (the
-// dense path) and counts each unit's activations; in dense mode it writes h over the gate instead.
+// dense path) and counts each unit's activations; dense mode's h (form_hidden) and its statistics
+// from z and h (dense_row_stats).
 #pragma once
 
 #include <type_traits>
@@ -37,24 +38,19 @@ struct PackArgs {
     int32_t *count, *row_nnz, *dense_rows;
     uint32_t *dense_count;
     unsigned long long *neuron_counts;
-    int row_limit;    // rows with more active units go to the dense path (GEMMs beat gathers)
-    const T *hidden;  // dense mode (16-bit types): h of every row (form_hidden), read for the l1
-    bool dense_mode;  // dense mode: each row's statistics and l1; no unit lists
-    int dense_warps;  // dense mode: warps a row (a block), up to kPackDenseWarpsMax
-    float *row_l1;
-    // dense mode, a few tokens: the grid's last row block reduces and publishes the statistics
-    // (finalize's work, a launch fewer at the serving sizes); NULL: finalize does
-    FfnStatsBlock *stats;
-    FfnFeedback *publish;
-    uint32_t *ticket;  // zeroed before the grid
+    int row_limit;  // rows with more active units go to the dense path (GEMMs beat gathers)
 };
 
 /// Dense mode's h = relu(z) * u rounded to T (gated; relu(z) for a plain FFN, u NULL) into `h`,
 /// which may be u itself (each value is read before it is written); +0 past column `cols`. A
 /// thread per 16-byte chunk: the dense FFN's element-wise pass, so that the down GEMM starts as
-/// soon as h exists and the statistics (pack_rows in dense mode) are formed beside it.
+/// soon as h exists and the statistics (dense_row_stats) are formed beside it. It also zeroes
+/// the forward's `header` (the dense count and the statistics pass's ticket), which a memset
+/// node on the statistics' branch did: a node fewer.
 template <class T>
-__global__ void __launch_bounds__(256) form_hidden(const T *z, const T *u, T *h, int64_t ldg, int64_t m, int64_t cols) {
+__global__ void __launch_bounds__(256)
+    form_hidden(const T *z, const T *u, T *h, int64_t ldg, int64_t m, int64_t cols, uint32_t *header) {
+    if (blockIdx.x == 0 && threadIdx.x < 2) header[threadIdx.x] = 0;
     constexpr int V = Chunk<T>::n;  // values a 16-byte chunk
     const int64_t row_chunks = ldg / V, chunks = m * row_chunks;  // ldg is a multiple of 8
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks;
@@ -63,45 +59,30 @@ __global__ void __launch_bounds__(256) form_hidden(const T *z, const T *u, T *h,
         const uint4 zq = *reinterpret_cast<const uint4 *>(z + at);
         const uint4 uq = u ? *reinterpret_cast<const uint4 *>(u + at) : make_uint4(0, 0, 0, 0);
         T out[V];
-        float l1 = 0.0f;  // unused: the packing pass forms each row's l1 beside the down GEMM
+        float l1 = 0.0f;  // unused: dense_row_stats forms each row's l1 beside the down GEMM
         hidden_chunk<T>(zq, uq, u != nullptr, cols - c0, out, l1);
         *reinterpret_cast<uint4 *>(h + at) = *reinterpret_cast<const uint4 *>(out);
     }
 }
 
-/// Dense mode splits a row's steps over the warps of a block (no unit list, so no order between
-/// them to keep): one warp per row, 22 dependent steps at H = 5632, took 28 us at M = 64 (ncu,
-/// bench/NOTES.md) against 3 for the dense FFN's element-wise pass. 8 warps a row, or 16 up to
-/// heuristics::kPackDenseWideMaxTokens tokens.
-constexpr int kPackDenseWarpsMax = 16;
-
+/// The packing pass of the sparse paths: one warp per token, four tokens a block.
 template <class T>
 __global__ void __launch_bounds__(512) pack_rows(PackArgs<T> a) {
-    // warps per row: a.dense_warps in dense mode (a block per row), else 1 (four rows a block)
-    const int per_row = a.dense_mode ? a.dense_warps : 1, warp = threadIdx.x / 32;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32 / per_row) + warp / per_row;
-    const int part = warp % per_row;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= a.m) return;
-    uint4 last_record = make_uint4(0, 0, 0, 0);  // loaded now, its latency hidden (a.stats)
-    if (a.stats && threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
     const int lane = threadIdx.x & 31;
     const int lanes_per_tile = a.tile / 8;
     const int first = lane & ~(lanes_per_tile - 1);
     uint16_t *idx = a.idx + row * a.cap;
     int total = 0;
     bool overflow = false;
-    float l1 = 0.0f;
     // kPackAhead steps' loads in flight before the first is used: a warp's steps are otherwise a
     // chain of dependent round trips (22 at H = 5632; ncu: 16 us at any M up to 512)
-    // (this warp's steps: part, part + per_row, ...)
-    const int64_t stride = int64_t{256} * per_row;
-    for (int64_t g0 = static_cast<int64_t>(part) * 256; g0 < a.h; g0 += stride * kPackAhead) {
+    for (int64_t g0 = 0; g0 < a.h; g0 += 256 * kPackAhead) {
         float vs[kPackAhead][8];
-        uint4 hq[kPackAhead];  // dense mode: h at the same columns
 #pragma unroll
         for (int s = 0; s < kPackAhead; ++s) {
-            const int64_t cl = g0 + s * stride + lane * 8;
-            hq[s] = make_uint4(0, 0, 0, 0);
+            const int64_t cl = g0 + s * 256 + lane * 8;
             for (int i = 0; i < 8; ++i) vs[s][i] = 0.0f;
             if (cl < a.ldg) {  // ldg is a multiple of 8: whole 16-byte chunks
                 if (a.gate_f32) {
@@ -114,13 +95,12 @@ __global__ void __launch_bounds__(512) pack_rows(PackArgs<T> a) {
                     const uint4 q =
                         __ldcs(reinterpret_cast<const uint4 *>(static_cast<const T *>(a.gate) + row * a.ldg + cl));
                     for (int i = 0; i < 8; ++i) vs[s][i] = Chunk<T>::get(q, i);
-                    if (a.dense_mode) hq[s] = *reinterpret_cast<const uint4 *>(a.hidden + row * a.ldg + cl);
                 }
             }
         }
 #pragma unroll
         for (int s = 0; s < kPackAhead; ++s) {
-            const int64_t c0 = g0 + s * stride;
+            const int64_t c0 = g0 + s * 256;
             if (c0 >= a.h) break;  // the same for the whole warp
             const int64_t cl = c0 + lane * 8;
             const float *v = vs[s];
@@ -135,57 +115,124 @@ __global__ void __launch_bounds__(512) pack_rows(PackArgs<T> a) {
             int pos = total + excl;
             for (int i = 0; i < 8; ++i) {
                 if (!(mask >> i & 1u)) continue;
-                if (!a.dense_mode && pos < a.cap) idx[pos] = static_cast<uint16_t>(cl + i);
+                if (pos < a.cap) idx[pos] = static_cast<uint16_t>(cl + i);
                 ++pos;
                 if (a.neuron_counts) atomicAdd(a.neuron_counts + cl + i, 1ull);
             }
-            if constexpr (!std::is_same_v<T, float>) {
-                if (a.dense_mode && cl < a.ldg)  // the l1 of h at the active units (it is +0 elsewhere)
-                    for (int i = 0; i < 8; ++i)
-                        if (mask >> i & 1u) l1 += fabsf(Chunk<T>::get(hq[s], i));
-            }
-            if (a.zero_inactive && !a.dense_mode && cl < a.ldg && mask != 0xffu) {
+            if (a.zero_inactive && cl < a.ldg && mask != 0xffu) {
                 for (int i = 0; i < 8; ++i)
                     if (!(mask >> i & 1u)) gate_store<T>(a.gate, row * a.ldg + cl + i, a.gate_f32, 0.0f);
             }
             total += __shfl_sync(kFullMask, incl, 31);
         }
     }
-    if (a.dense_mode) {  // the row's warps' sums in warp order
-        __shared__ float l1s[kPackDenseWarpsMax];
-        __shared__ int totals[kPackDenseWarpsMax], overs[kPackDenseWarpsMax];
-        for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, o);
-        if (lane == 0) l1s[part] = l1, totals[part] = total, overs[part] = overflow;
-        __syncthreads();
-        __shared__ bool last;
-        if (threadIdx.x == 0) {
-            float row_l1 = 0.0f;
-            int row_total = 0, row_over = 0;
-            for (int w = 0; w < per_row; ++w) row_l1 += l1s[w], row_total += totals[w], row_over |= overs[w];
-            a.row_nnz[row] = row_total;
-            // -1 / -2 as record_row marks them, so that the dense share (which keeps dense mode on
-            // for a batch with such rows, heuristics::dense_rows_favour_dense_mode) is measured here too
-            a.count[row] = row_over ? -1 : row_total > a.row_limit ? -2 : row_total;
-            a.row_l1[row] = row_l1;
-            last = false;
-            if (a.stats) {  // release the row, then the ticket; the last block acquires
-                __threadfence();
-                last = atomicAdd(a.ticket, 1u) == static_cast<unsigned>(a.m - 1);
-                if (last) __threadfence();
+    if (lane == 0) record_row(row, total, overflow, a.row_limit, a.count, a.row_nnz, a.dense_rows, a.dense_count);
+}
+
+/// Dense mode's statistics (no unit lists) from z and h: each row's active units, TwELL-tile
+/// overflow (-1) or long-row (-2) verdict and l1, and the per-unit counts. A block per row, its
+/// warps taking 256-column steps side by side: one warp per row, 22 dependent steps at H = 5632,
+/// took 28 us at M = 64 (ncu). Beside the down GEMM its work is latency (ncu at M = 4: ~730
+/// instructions a warp, one every 13 cycles, bench/NOTES.md), so the step is lean: the units by
+/// popcount, one reduction over the tile's lanes, the l1 over every value of h (+0 where z is
+/// not active, and adding +0 leaves the sum's bits as the masked sum's).
+constexpr int kDenseStatsWarpsMax = 16;
+
+template <class T>
+struct DenseStatsArgs {
+    const T *z, *h;
+    int64_t ldg, m, cols;
+    int tile, slots, row_limit;
+    unsigned long long *neuron_counts;  // NULL: not counted here
+    int32_t *count, *row_nnz;
+    float *row_l1;
+    // a few tokens: the grid's last block reduces and publishes the statistics (finalize's work,
+    // a launch fewer at the serving sizes); NULL: finalize does
+    FfnStatsBlock *stats;
+    FfnFeedback *publish;
+    uint32_t *ticket;  // zeroed before the grid
+};
+
+template <class T>
+__global__ void __launch_bounds__(32 * kDenseStatsWarpsMax) dense_row_stats(DenseStatsArgs<T> a) {
+    static_assert(Chunk<T>::n == 8, "16-bit values: a lane's 8 columns, a warp's 256");
+    const int warps = static_cast<int>(blockDim.x / 32), warp = static_cast<int>(threadIdx.x / 32);
+    const int lane = threadIdx.x & 31;
+    const int64_t row = blockIdx.x;
+    uint4 last_record = make_uint4(0, 0, 0, 0);  // loaded now, its latency hidden (a.stats)
+    if (a.stats && threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
+    const int lanes_per_tile = a.tile / 8;
+    const T *z = a.z + row * a.ldg, *h = a.h + row * a.ldg;
+    int units = 0;
+    bool over = false;
+    float l1 = 0.0f;
+    const int64_t stride = int64_t{256} * warps;  // this warp's steps: warp, warp + warps, ...
+    for (int64_t g0 = static_cast<int64_t>(warp) * 256; g0 < a.cols; g0 += stride * kPackAhead) {
+        uint4 zq[kPackAhead], hq[kPackAhead];
+#pragma unroll
+        for (int s = 0; s < kPackAhead; ++s) {  // every step's loads in flight before the first is used
+            const int64_t cl = g0 + s * stride + lane * 8;
+            zq[s] = hq[s] = make_uint4(0, 0, 0, 0);
+            if (cl < a.ldg) {  // ldg is a multiple of 8: whole 16-byte chunks
+                zq[s] = __ldcs(reinterpret_cast<const uint4 *>(z + cl));
+                hq[s] = *reinterpret_cast<const uint4 *>(h + cl);  // the down GEMM reads h beside
             }
         }
-        if (a.stats) {  // the same for every thread of the grid: a barrier only where the ticket was taken
-            __syncthreads();
-            // up to 32 rows one warp's reduction (heuristics::kPackDenseWideMaxTokens)
-            if (last && a.m <= 32 && threadIdx.x < 32)
-                reduce_and_publish_statistics_warp(static_cast<int>(a.m), a.h, a.row_nnz, a.count, a.row_l1, a.stats,
-                                                   a.publish, last_record);
-            if (last && a.m > 32)
-                reduce_and_publish_statistics(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+#pragma unroll
+        for (int s = 0; s < kPackAhead; ++s) {
+            const int64_t c0 = g0 + s * stride;
+            if (c0 >= a.cols) break;  // the same for the whole warp
+            const int64_t cl = c0 + lane * 8;
+            unsigned mask = 0;
+            for (int i = 0; i < 8; ++i)
+                if (cl + i < a.cols && relu_active(Chunk<T>::get(zq[s], i))) mask |= 1u << i;
+            const int n = __popc(mask);
+            units += n;
+            int tile_units = n;
+            if (lanes_per_tile == 32)
+                tile_units = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(n)));
+            else  // xor partners stay inside the tile's lanes
+                for (int o = 1; o < lanes_per_tile; o <<= 1) tile_units += __shfl_xor_sync(kFullMask, tile_units, o);
+            over |= tile_units > a.slots;
+            for (int i = 0; i < 8; ++i) l1 += fabsf(Chunk<T>::get(hq[s], i));
+            if (a.neuron_counts)
+                for (int i = 0; i < 8; ++i)
+                    if (mask >> i & 1u) atomicAdd(a.neuron_counts + cl + i, 1ull);
         }
-        return;
     }
-    if (lane == 0) record_row(row, total, overflow, a.row_limit, a.count, a.row_nnz, a.dense_rows, a.dense_count);
+    // the row's sums: each warp's butterfly, then the warps in order
+    units = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(units)));
+    over = __any_sync(kFullMask, over);
+    for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, o);
+    __shared__ float l1s[kDenseStatsWarpsMax];
+    __shared__ int totals[kDenseStatsWarpsMax], overs[kDenseStatsWarpsMax];
+    if (lane == 0) l1s[warp] = l1, totals[warp] = units, overs[warp] = over;
+    __syncthreads();
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        float row_l1 = 0.0f;
+        int row_total = 0, row_over = 0;
+        for (int w = 0; w < warps; ++w) row_l1 += l1s[w], row_total += totals[w], row_over |= overs[w];
+        a.row_nnz[row] = row_total;
+        // -1 / -2 as record_row marks them, so that the dense share (which keeps dense mode on
+        // for a batch with such rows, heuristics::dense_rows_favour_dense_mode) is measured here too
+        a.count[row] = row_over ? -1 : row_total > a.row_limit ? -2 : row_total;
+        a.row_l1[row] = row_l1;
+        last = false;
+        if (a.stats) {  // release the row, then the ticket; the last block acquires
+            __threadfence();
+            last = atomicAdd(a.ticket, 1u) == static_cast<unsigned>(a.m - 1);
+            if (last) __threadfence();
+        }
+    }
+    if (!a.stats) return;  // the same for every thread of the grid
+    __syncthreads();
+    // up to 32 rows one warp's reduction (heuristics::kDenseStatsWideMaxTokens)
+    if (last && a.m <= 32 && threadIdx.x < 32)
+        reduce_and_publish_statistics_warp(static_cast<int>(a.m), a.cols, a.row_nnz, a.count, a.row_l1, a.stats,
+                                           a.publish, last_record);
+    if (last && a.m > 32)
+        reduce_and_publish_statistics(a.m, a.cols, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
 }
 
 /// The packing pass's outputs (unit lists, counts, the dense list, per-unit counts) from the
