@@ -85,8 +85,8 @@ TEST_CASE("CUDA FFN: the masked gate GEMM's path (sm_90) at sizes off its tiles,
 TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the reference", "[cuda][ffn]") {
     // a quarter of the units active is far above the gather break-even (H / 128): the second
     // forward runs the up and down projections as cuBLAS GEMMs over every row. Up to 512 tokens
-    // the packing pass also counts the units and publishes the statistics (M = 20: 16 warps a
-    // row and one warp's reduction; 200; 333: its last block adds two rows a thread), past that
+    // the statistics pass also counts the units and publishes the statistics (M = 20: its last
+    // block reduces with one warp; 200; 333: with the block, two rows a thread), past that
     // count_active_columns and finalize do (M = 600). H = 4500: 18 steps of 256 columns a row,
     // several for each of the row's warps, the last one part-filled
     for (int64_t m : {20, 200, 333, 600})

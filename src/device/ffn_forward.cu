@@ -228,8 +228,7 @@ void launch_dense_stats(cudaStream_t stream, const FfnProblem &p, const FfnScrat
                         unsigned long long *neuron_counts, FfnStatsBlock *stats = nullptr, FfnFeedback *publish = nullptr) {
     const DenseStatsArgs<T> a{static_cast<const T *>(z), static_cast<const T *>(h), s.ldg, p.m, p.h, p.tile, p.slots,
                               s.row_limit, neuron_counts, s.count, s.row_nnz, s.row_l1, stats, publish, s.header + 1};
-    const int warps = p.m <= heuristics::kDenseStatsWideMaxTokens ? kDenseStatsWarpsMax : 8;
-    dense_row_stats<T><<<static_cast<unsigned>(p.m), 32 * warps, 0, stream>>>(a);
+    dense_row_stats<T><<<static_cast<unsigned>(p.m), 32 * kDenseStatsWarps, 0, stream>>>(a);
     check_launch("dense_row_stats");
 }
 

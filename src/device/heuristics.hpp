@@ -81,15 +81,6 @@ int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h, int warps);
 /// GEMM, 512 against 256 (H200, same call, bench/results/h200-dense-mode-fold-512-2026-11-26.txt):
 /// M = 512 llm-29 / heavy-29 / uniform-100 / uniform-911 76.8 / 77.7 / 78.3 / 84.5 us against
 /// 79.9 / 80.8 / 81.4 / 88.0.
-/// Up to this many tokens dense mode's statistics pass takes 16 warps a row instead of 8, and its
-/// last block reduces the statistics with one warp instead of five block-wide reductions: with 8
-/// warps and the block reduction the pass took 11.8 us at 16 tokens on an H200 (ncu: each block
-/// ~5.7 us of instructions issued one every 10 cycles, then the last block's reduction), as long
-/// as the down GEMM it runs beside, so the step waited for it. Measured on an H200 (same call,
-/// llm-29, bench/results/h200-pack-dense-wide-2026-11-26e.txt): M = 16 31.9 us against 35.6 (dense
-/// FFN 29.9); at 64 level, at 256 / 512 4-6 % slower with 16 warps for every M, hence the limit
-/// (measured with pack_rows's dense mode, before the lean dense_row_stats: not timed again).
-constexpr int64_t kDenseStatsWideMaxTokens = 32;
 
 #ifdef TWBLAS_DENSE_MODE_FOLD_MAX_TOKENS
 constexpr int64_t kDenseModeFoldMaxTokens = TWBLAS_DENSE_MODE_FOLD_MAX_TOKENS;

@@ -136,7 +136,11 @@ __global__ void __launch_bounds__(512) pack_rows(PackArgs<T> a) {
 /// instructions a warp, one every 13 cycles, bench/NOTES.md), so the step is lean: the units by
 /// popcount, one reduction over the tile's lanes, the l1 over every value of h (+0 where z is
 /// not active, and adding +0 leaves the sum's bits as the masked sum's).
-constexpr int kDenseStatsWarpsMax = 16;
+/// Eight warps a row at every M: 16 up to 32 tokens (which the older pass needed, its last block
+/// reducing with one warp: bench/NOTES.md) were slower with this pass on an H100, llm-29 M = 16
+/// 38.7 us against 37.4 with 8, M = 32 37.6 against 37.3, M = 4 level
+/// (bench/results/h100-dense-stats-warps-2026-11-26g.txt).
+constexpr int kDenseStatsWarps = 8;
 
 template <class T>
 struct DenseStatsArgs {
@@ -154,9 +158,10 @@ struct DenseStatsArgs {
 };
 
 template <class T>
-__global__ void __launch_bounds__(32 * kDenseStatsWarpsMax) dense_row_stats(DenseStatsArgs<T> a) {
+__global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseStatsArgs<T> a) {
     static_assert(Chunk<T>::n == 8, "16-bit values: a lane's 8 columns, a warp's 256");
-    const int warps = static_cast<int>(blockDim.x / 32), warp = static_cast<int>(threadIdx.x / 32);
+    constexpr int warps = kDenseStatsWarps;
+    const int warp = static_cast<int>(threadIdx.x / 32);
     const int lane = threadIdx.x & 31;
     const int64_t row = blockIdx.x;
     uint4 last_record = make_uint4(0, 0, 0, 0);  // loaded now, its latency hidden (a.stats)
@@ -204,8 +209,8 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarpsMax) dense_row_stats(Dens
     units = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(units)));
     over = __any_sync(kFullMask, over);
     for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, o);
-    __shared__ float l1s[kDenseStatsWarpsMax];
-    __shared__ int totals[kDenseStatsWarpsMax], overs[kDenseStatsWarpsMax];
+    __shared__ float l1s[kDenseStatsWarps];
+    __shared__ int totals[kDenseStatsWarps], overs[kDenseStatsWarps];
     if (lane == 0) l1s[warp] = l1, totals[warp] = units, overs[warp] = over;
     __syncthreads();
     __shared__ bool last;
@@ -227,7 +232,7 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarpsMax) dense_row_stats(Dens
     }
     if (!a.stats) return;  // the same for every thread of the grid
     __syncthreads();
-    // up to 32 rows one warp's reduction (heuristics::kDenseStatsWideMaxTokens)
+    // up to 32 rows one warp's reduction
     if (last && a.m <= 32 && threadIdx.x < 32)
         reduce_and_publish_statistics_warp(static_cast<int>(a.m), a.cols, a.row_nnz, a.count, a.row_l1, a.stats,
                                            a.publish, last_record);
