@@ -3,6 +3,7 @@
 # so that a change and its baseline are measured in the same call on the same card (the bench
 # links libtwblas.so and uses the public C API only).
 #   scripts/gpu-ab.sh NEW_BUILD OLD_BUILD SUITE FILTER [ROUNDS]
+# (More than two builds in one call: scripts/gpu-abn.sh.)
 # NEW_BUILD and OLD_BUILD are folders made by scripts/gpu-pack.sh; the benchmark binary is
 # NEW_BUILD's. Output: $OUT/ab-new-<round>.json and $OUT/ab-old-<round>.json, and a table of the
 # medians per point (new, old, new / old) in $OUT/ab.txt.
