@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine: one benchmark binary timing several builds of libtwblas in
 # interleaved rounds (round 1: every library, round 2: every library, ...), so that a change, its
-# variants and their baseline are measured in the same call on the same card. gpu-ab.sh's
-# generalisation: the first library is the baseline of the ratios.
+# variants and their baseline are measured in the same call on the same card; the first library is
+# the baseline of the ratios (scripts/gpu-ab.sh is the two-build form).
 #   scripts/gpu-abn.sh SUITE FILTER ROUNDS BENCH_BUILD LIB_DIR...
 #   e.g. scripts/gpu-abn.sh serving 'ffn/twblas/d2048_h5632/llm-29/m(4|64)/' 2 build-gpu build-base build-gpu build-var
 # BENCH_BUILD is a folder made by scripts/gpu-pack.sh (its bench/twblas-bench and runtime/); each

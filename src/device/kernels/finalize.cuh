@@ -11,6 +11,13 @@
 namespace twblas::cuda {
 
 
+/// A row's entry in the count array: its active units, -1 when a TwELL tile holds more than
+/// `slots` of them, -2 when it is longer than the dense-path limit (what the statistics count as
+/// overflow and dense rows, and the path choice reads).
+__device__ inline int32_t row_count_code(int32_t nnz, bool tile_over, int32_t row_limit) {
+    return tile_over ? -1 : nnz > row_limit ? -2 : nnz;
+}
+
 /// A sum or maximum over the block (blockDim.x a multiple of 32): butterfly within warps, then
 /// the warps in order (deterministic for a given block size). `scratch`: 32 values.
 template <class V, class Op> __device__ inline V block_reduce(V v, Op op, V *scratch) {

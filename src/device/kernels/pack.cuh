@@ -4,7 +4,6 @@
 // from z and h (dense_row_stats).
 #pragma once
 
-#include <type_traits>
 #include "common/values.cuh"
 #include "common/warp.cuh"
 #include "kernels/finalize.cuh"
@@ -20,12 +19,9 @@ constexpr int kPackAhead = 4;
 __device__ inline void record_row(int64_t row, int total, bool overflow, int row_limit, int32_t *count,
                                   int32_t *row_nnz, int32_t *dense_rows, uint32_t *dense_count) {
     row_nnz[row] = total;
-    if (overflow || total > row_limit) {
-        count[row] = overflow ? -1 : -2;
-        dense_rows[atomicAdd(dense_count, 1u)] = static_cast<int32_t>(row);
-    } else {
-        count[row] = total;
-    }
+    const int32_t code = row_count_code(total, overflow, row_limit);
+    count[row] = code;
+    if (code < 0) dense_rows[atomicAdd(dense_count, 1u)] = static_cast<int32_t>(row);
 }
 
 template <class T>
@@ -65,7 +61,8 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/// The packing pass of the sparse paths: one warp per token, four tokens a block.
+/// The packing pass of the sparse paths: one warp per token, four tokens a block (launch bound
+/// 512, the register budget it has been timed with since it also served dense mode).
 template <class T>
 __global__ void __launch_bounds__(512) pack_rows(PackArgs<T> a) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -132,8 +129,9 @@ __global__ void __launch_bounds__(512) pack_rows(PackArgs<T> a) {
 /// Dense mode's statistics (no unit lists) from z and h: each row's active units, TwELL-tile
 /// overflow (-1) or long-row (-2) verdict and l1, and the per-unit counts. A block per row, its
 /// warps taking 256-column steps side by side: one warp per row, 22 dependent steps at H = 5632,
-/// took 28 us at M = 64 (ncu). Beside the down GEMM its work is latency (ncu at M = 4: ~730
-/// instructions a warp, one every 13 cycles, bench/NOTES.md), so the step is lean: the units by
+/// took 28 us at M = 64 (ncu). Beside the down GEMM its work is latency (ncu at M = 4: pack_rows's
+/// dense mode, which did this before, ran ~730 instructions a warp, one every 13 cycles,
+/// bench/NOTES.md), so the step is lean: the units by
 /// popcount, one reduction over the tile's lanes, the l1 over every value of h (+0 where z is
 /// not active, and adding +0 leaves the sum's bits as the masked sum's).
 /// Eight warps a row at every M: 16 up to 32 tokens (which the older pass needed, its last block
@@ -219,9 +217,9 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseSt
         int row_total = 0, row_over = 0;
         for (int w = 0; w < warps; ++w) row_l1 += l1s[w], row_total += totals[w], row_over |= overs[w];
         a.row_nnz[row] = row_total;
-        // -1 / -2 as record_row marks them, so that the dense share (which keeps dense mode on
+        // -1 / -2 as the sparse paths mark them, so that the dense share (which keeps dense mode on
         // for a batch with such rows, heuristics::dense_rows_favour_dense_mode) is measured here too
-        a.count[row] = row_over ? -1 : row_total > a.row_limit ? -2 : row_total;
+        a.count[row] = row_count_code(row_total, row_over, a.row_limit);
         a.row_l1[row] = row_l1;
         last = false;
         if (a.stats) {  // release the row, then the ticket; the last block acquires

@@ -260,13 +260,6 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     }
 }
 
-/// A row's entry in the count array: its active units, -1 when a TwELL tile holds more than
-/// `slots` of them, -2 when it is longer than the dense-path limit (both for the statistics and
-/// the path choice only: the row was computed exactly either way).
-__device__ inline int32_t serve_row_code(int32_t nnz, bool tile_over, int32_t row_limit) {
-    return tile_over ? -1 : nnz > row_limit ? -2 : nnz;
-}
-
 /// Mask word w of token t from a cuBLAS gate row (past serve_gate's tokens): bit b set
 /// when unit 32 w + b is active. With `record` it counts each active unit, and zeroes the inactive
 /// ones when the gate buffer becomes the hidden output (serve_gate's epilogue does both on its path).
@@ -295,7 +288,7 @@ __device__ inline uint32_t serve_mask_from_gate(const ServeArgs<T> &a, int64_t t
 }
 
 /// The end of serve_down and serve_token, by a token's counting block: thread 0 stores the
-/// row's l1, units and count entry (serve_row_code); the grid's last such block (a ticket:
+/// row's l1, units and count entry (row_count_code); the grid's last such block (a ticket:
 /// release, then acquire) reduces and publishes the statistics with one warp, or, for one
 /// token, thread 0 publishes them from its registers (a read-back round trip fewer at M = 1).
 /// Every thread calls it; the row's values matter in thread 0 only.
@@ -304,7 +297,7 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
                                         uint4 last_record) {
     __shared__ bool last;
     if (threadIdx.x == 0) {
-        const int32_t code = serve_row_code(nnz, over, a.row_limit);
+        const int32_t code = row_count_code(nnz, over, a.row_limit);
         a.row_l1[t] = row_l1;
         a.row_nnz[t] = nnz;
         a.count[t] = code;
@@ -410,7 +403,7 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
         if (col < a.d) a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(v);
     }
     if (!counts_row) return;
-    // the token's counts (serve_row_code) and l1, then the grid's last token the statistics
+    // the token's counts (row_count_code) and l1, then the grid's last token the statistics
     const int per_tile = a.tile / 32;
     int nnz = 0, over = 0;
     for (int64_t tile = threadIdx.x; tile * per_tile < a.words; tile += blockDim.x) {
@@ -580,7 +573,7 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
         }
     }
     if (!counts_row) return;
-    // the token's counts (serve_row_code) and l1, then the grid's last token the statistics
+    // the token's counts (row_count_code) and l1, then the grid's last token the statistics
     const int per_tile = a.tile / 32;
     int over = 0;
     for (int64_t tile = tid; tile * per_tile < a.words; tile += NT) {
