@@ -140,6 +140,37 @@ TEST_CASE("CUDA training: profiles, types and modes against the reference", "[cu
                 }
 }
 
+TEST_CASE("CUDA training: units active on most tokens (the hot units' token groups)", "[cuda][train]") {
+    // backward_hot_units sums the units with more than max(256, M / 32) slots in token groups on a
+    // branch beside the other units; D = 600 gives it two column slices, 66 hot units make its 64
+    // blocks stride over the list. A unit's gate row negated fires for ~all tokens instead of ~29/H.
+    struct Shape {
+        int64_t m, d, h, hot;
+    };
+    for (const Shape s : {Shape{700, 600, 1000, 5}, Shape{1300, 40, 4096, 66}})
+        for (bool gated : {true, false}) {
+            TrainCase c;
+            c.m = s.m;
+            c.d = s.d;
+            c.h = s.h;
+            c.gated = gated;
+            TrainData data = make_data(c);
+            std::vector<float> &ws = gated ? data.wg : data.wu;
+            for (int64_t i = 0; i < s.hot; ++i)  // spread over the TwELL tiles
+                for (int64_t k = 0; k < s.d; ++k) ws[static_cast<size_t>((i * (s.h / s.hot)) * s.d + k)] *= -1.0f;
+            DYNAMIC_SECTION(describe(c) << " hot units " << s.hot) {
+                const TrainExpected want = expected_train(c, data);
+                const TrainResult got = run_train(c, data, kBackend);
+                // the hot units fire, and their slots are in sparse rows (no TwELL tile over
+                // capacity; a few rows past the long-row limit may go to the dense path)
+                REQUIRE(want.r.stats.overflowRows == 0);
+                REQUIRE(want.r.stats.meanRowNnz > 0.9 * static_cast<double>(s.hot));
+                REQUIRE(want.r.stats.meanRowNnz < static_cast<double>(std::max<int64_t>(64, s.h / 32)));
+                check_train(c, got, want);
+            }
+        }
+}
+
 TEST_CASE("CUDA training: more than 65536 tokens (token ids are not 16-bit)", "[cuda][train]") {
     TrainCase c;
     c.m = 70001;

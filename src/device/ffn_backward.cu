@@ -116,7 +116,7 @@ template <class T> void launch_tokens(cudaStream_t stream, const TokenArgs<T> &a
 
 template <class T>
 void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const void *saved, const BackwardArgs &b,
-              const TrainScratch &s, int64_t first, int sm_count) {
+              const TrainScratch &s, int64_t first, int sm_count, StreamBranch &branch) {
     const SavedView sv = saved_view(p, saved);
     const SavedLayout l = saved_layout(p);
     const bool f32 = p.gate_f32();
@@ -136,31 +136,45 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
     const int64_t total = p.m * l.ell;
     const int bits = key_bits(p.h);
     if (total > 0) {
-        slot_keys<<<std::max(1, std::min(4096, ceil_div(total, 256))), 256, 0, stream>>>(sv.idx, sv.count, p.m, l.ell, p.h,
-                                                                                          s.keys, s.slots);
+        slot_keys<<<std::max(1, std::min(4096, ceil_div(total, 256))), 256, 0, stream>>>(
+            sv.idx, sv.count, p.m, l.ell, p.h, s.keys, s.slots, s.hot_count);
         check_launch("slot_keys");
         size_t temp = s.sort_bytes;
         check(cub::DeviceRadixSort::SortPairs(s.sort_temp, temp, s.keys, s.keys_sorted, s.slots, s.slots_sorted,
                                               static_cast<int>(total), 0, bits, stream),
               "cub::DeviceRadixSort");
     }
+    const int64_t hot_tokens = heuristics::unit_hot_tokens(p.m);
     unit_starts<<<std::max(1, std::min(4096, ceil_div(std::max<int64_t>(total, p.h + 1), 256))), 256, 0, stream>>>(
-        s.keys_sorted, total, p.h, s.unit_start);
+        s.keys_sorted, total, p.h, s.unit_start, hot_tokens, total > 0 ? s.hot_units : nullptr, s.hot_count);
     check_launch("unit_starts");
 
     const MatrixArg &oz = p.gated ? b.dwg : b.dwu;
+    // clang-format off
     UnitArgs<T> ua{static_cast<const T *>(b.x.ptr), b.x.rs, b.x.cs, rows_vectorizable(b.x, p.d),
                    static_cast<const T *>(b.dy.ptr), b.dy.rs, b.dy.cs, rows_vectorizable(b.dy, p.d),
                    s.unit_start, s.slots_sorted, l.ell, sv.g, sv.u, s.dz, s.du, f32, p.gated, p.highest,
+                   hot_tokens, s.hot_units, s.hot_count,
                    s.dw_dense, sv.dense_count, p.dp, p.d, p.h,
                    static_cast<T *>(oz.ptr), oz.rs, oz.cs, rows_vectorizable(oz, p.d),
                    static_cast<T *>(b.dwu.ptr), b.dwu.rs, b.dwu.cs, rows_vectorizable(b.dwu, p.d),
                    static_cast<T *>(b.dwd.ptr), b.dwd.rs, b.dwd.cs, rows_vectorizable(b.dwd, p.d)};
+    // clang-format on
     if (p.h > 0 && p.d > 0) {
-        const dim3 grid(static_cast<unsigned>(p.h), static_cast<unsigned>(ceil_div(p.dp, kUnitThreads * Chunk<T>::n)));
-        constexpr int G = heuristics::kUnitTokenGroups;
-        backward_units<T, G><<<grid, kUnitThreads * G, 0, stream>>>(ua);
+        const unsigned slices = static_cast<unsigned>(ceil_div(p.dp, kUnitThreads * Chunk<T>::n));
+        // the hot units (listed only when there are slots) on the branch, enqueued first: their
+        // long sums start before the other units' blocks take the SMs, and run beside them
+        cudaStream_t side = nullptr;
+        if (total > 0) {
+            side = branch.fork(stream);
+            constexpr int G = heuristics::kUnitTokenGroups;
+            const unsigned hot_blocks = static_cast<unsigned>(std::min<int64_t>(p.h, heuristics::kHotUnitBlocks));
+            backward_hot_units<T, G><<<dim3(hot_blocks, slices), kUnitThreads * G, 0, side>>>(ua);
+            check_launch("backward_hot_units");
+        }
+        backward_units<T><<<dim3(static_cast<unsigned>(p.h), slices), kUnitThreads, 0, stream>>>(ua);
         check_launch("backward_units");
+        if (side) branch.join(stream);
     }
 }
 
@@ -349,7 +363,7 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
     const bool dense_forward = forward ? forward->dense_mode : st.dense_mode;
     const int64_t cap = !cublas ? 0 : dense_forward ? p.m : heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m);
     if (cap > 0) recompute_with_cublas(stream, st, p, saved, b, s, cap);
-    by_type(p.type, [&](auto tag) { backward<decltype(tag)>(stream, p, w, saved, b, s, cap, st.sm_count); });
+    by_type(p.type, [&](auto tag) { backward<decltype(tag)>(stream, p, w, saved, b, s, cap, st.sm_count, st.branch); });
 }
 
 }  // namespace twblas::cuda

@@ -158,6 +158,8 @@ TrainScratch carve_train_scratch(void *workspace, const FfnProblem &p, size_t *b
     s.rows_bytes = p.m > 0 ? row_sort_bytes(p.m, key_bits(p.m)) : 1;
     s.rows_temp = c.take<char>(s.rows_bytes);
     s.unit_start = c.take<int32_t>(static_cast<size_t>(p.h) + 1);
+    s.hot_units = c.take<int32_t>(static_cast<size_t>(p.h));
+    s.hot_count = c.take<uint32_t>(1);
     s.dz = c.take<char>(n * gb);
     s.du = c.take<char>(p.gated ? n * gb : 0);
     const size_t rows = static_cast<size_t>(p.m * p.hp) * gb;

@@ -186,6 +186,8 @@ struct TrainScratch {
     void *rows_temp;
     size_t rows_bytes;
     int32_t *unit_start;  // H + 1
+    int32_t *hot_units;   // H: the units with more than heuristics::unit_hot_tokens(M) tokens
+    uint32_t *hot_count;  // how many (zeroed by slot_keys, counted by unit_starts)
     void *dz, *du;        // M x ell, gate type
     void *rz, *ru, *rh;   // recomputed rows: M x hp, gate type
     float *dw_dense;      // 3 x H x dp: the recomputed rows' weight-gradient terms

@@ -121,6 +121,18 @@ constexpr int kUnitTokenGroups = TWBLAS_UNIT_TOKEN_GROUPS;
 constexpr int kUnitTokenGroups = 4;
 #endif
 
+/// Only the hot units take those groups (backward_hot_units, on a branch beside the others): with
+/// every unit in G = 4 groups the training step at M = 16384 was 4-16 % slower than with one
+/// group on an H100 (uniform-29 2825 against 2535 us, llm-29 2661 against 2552; the train-eager
+/// suite's d_model 512 and 1024 layers 3-16 %; bench/results/h100-unit-groups-2026-11-27.txt):
+/// the groups' 256-thread blocks fit fewer an SM, and a unit with ~84 tokens gains nothing from
+/// a shorter serial sum. A unit is hot when it has more slots than this: 256, or M / 32 past 8192
+/// tokens (uniform-29 has ~84 a unit at 16384 tokens, ~340 at 65536). A function of M alone, so
+/// the bits are the same from call to call.
+constexpr int64_t unit_hot_tokens(int64_t m) { return m / 32 > 256 ? m / 32 : 256; }
+/// Blocks (a column slice's) striding over the hot units' list.
+constexpr int64_t kHotUnitBlocks = 64;
+
 /// After a forward that chose dense mode (below), a call of few tokens still gathers (serving or
 /// decode path) while the unit rows it gathers, tokens x mean active units, are at most
 /// kDenseModeGatherShare x H: then it reads fewer weight bytes than the cuBLAS projections, which

@@ -9,9 +9,11 @@ namespace twblas::cuda {
 
 // ---- transpose: (token, unit) slots sorted by unit
 
-/// Key of each slot: its unit id, or H for an empty slot and the slots of recomputed rows.
+/// Key of each slot: its unit id, or H for an empty slot and the slots of recomputed rows. Also
+/// zeroes the hot-unit count that unit_starts adds to.
 __global__ void slot_keys(const uint16_t *idx, const int32_t *count, int64_t m, int ell, int64_t h, uint32_t *keys,
-                          int32_t *slots) {
+                          int32_t *slots, uint32_t *hot_count) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *hot_count = 0;
     const int64_t total = m * ell;
     for (int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < total;
          s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -24,7 +26,6 @@ __global__ void slot_keys(const uint16_t *idx, const int32_t *count, int64_t m, 
     }
 }
 
-
 /// The dense list (filled by atomics in the forward, so in no fixed order) as sort keys: row
 /// ids, and M past the count. Sorted, the weight-gradient sums run in ascending row order.
 __global__ void dense_row_keys(const int32_t *rows, const uint32_t *count, int64_t m, int32_t *keys) {
@@ -35,8 +36,10 @@ __global__ void dense_row_keys(const int32_t *rows, const uint32_t *count, int64
 }
 
 /// start[u] = first sorted position whose key is >= u, for u in [0, H]: unit j's slots are
-/// [start[j], start[j + 1]).
-__global__ void unit_starts(const uint32_t *keys, int64_t total, int64_t h, int32_t *start) {
+/// [start[j], start[j + 1]). With `hot_units`, the units with more than `hot_tokens` slots are
+/// listed there too (in no fixed order: each is summed by one block either way).
+__global__ void unit_starts(const uint32_t *keys, int64_t total, int64_t h, int32_t *start, int64_t hot_tokens,
+                            int32_t *hot_units, uint32_t *hot_count) {
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     if (total == 0) {
         for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u <= h; u += stride) start[u] = 0;
@@ -45,6 +48,9 @@ __global__ void unit_starts(const uint32_t *keys, int64_t total, int64_t h, int3
     for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += stride) {
         const int64_t k = keys[p], prev = p ? static_cast<int64_t>(keys[p - 1]) : -1;
         for (int64_t u = prev + 1; u <= k && u <= h; ++u) start[u] = static_cast<int32_t>(p);
+        // the first slot of unit k, which has more than hot_tokens slots when slot p + hot_tokens is k's
+        if (hot_units && k != prev && k < h && p + hot_tokens < total && keys[p + hot_tokens] == k)
+            hot_units[atomicAdd(hot_count, 1u)] = static_cast<int32_t>(k);
         if (p == total - 1)
             for (int64_t u = k + 1; u <= h; ++u) start[u] = static_cast<int32_t>(total);
     }
@@ -63,6 +69,11 @@ template <class T> struct UnitArgs {
     int ell;
     const void *sg, *su, *dz, *du;
     bool gate_f32, gated, highest;
+    // backward_units leaves the units with more than hot_tokens slots to backward_hot_units,
+    // which takes them from the list
+    int64_t hot_tokens;
+    const int32_t *hot_units;
+    const uint32_t *hot_count;
     const float *dw_dense;  // [3][H][dp]: the recomputed rows' terms, when *dense_count > 0
     const uint32_t *dense_count;
     int64_t dp, d, h;
@@ -85,14 +96,18 @@ template <class T> struct UnitArgs {
 // G token groups (G x 64 threads): each staged batch is cut into G contiguous ranges, one per
 // group, and the groups' sums are added in group order at the end (deterministic). The loop is
 // bound by load latency, so a unit active on most tokens (a long serial sum) finishes G times
-// sooner; G = 1 is one group, no reduction.
+// sooner; G = 1 is one group, no reduction. Every unit with G > 1 cost 4-16 % of the training
+// step on an H100 (fewer blocks an SM), so only the hot units take the groups
+// (heuristics::unit_hot_tokens).
 constexpr int kUnitThreads = 64, kUnitBatch = 64;
 
-template <class T, int G> __global__ void __launch_bounds__(kUnitThreads * G) backward_units(UnitArgs<T> a) {
+/// Unit j's three weight-gradient chunks (this block's column slice). Every thread of the block
+/// calls it with the same j (its barriers are the block's).
+template <class T, int G>
+__device__ void unit_gradients(const UnitArgs<T> &a, int64_t j) {
     constexpr int E = Chunk<T>::n;
     __shared__ int64_t s_tok[kUnitBatch];
     __shared__ float s_z[kUnitBatch], s_u[kUnitBatch], s_h[kUnitBatch];
-    const int64_t j = blockIdx.x;
     const int lane = static_cast<int>(threadIdx.x) % kUnitThreads, group = static_cast<int>(threadIdx.x) / kUnitThreads;
     const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kUnitThreads + lane) * E;
     float az[E], au[E], ad[E];
@@ -202,6 +217,21 @@ template <class T, int G> __global__ void __launch_bounds__(kUnitThreads * G) ba
     store_chunk(a.out_z, j, a.z_rs, a.z_cs, a.z_vec, k0, a.d, az);
     if (a.gated) store_chunk(a.out_u, j, a.u_rs, a.u_cs, a.u_vec, k0, a.d, au);
     store_chunk(a.out_d, j, a.d_rs, a.d_cs, a.d_vec, k0, a.d, ad);
+}
+
+/// A block per (unit, column slice) for the units with at most hot_tokens slots.
+template <class T>
+__global__ void __launch_bounds__(kUnitThreads) backward_units(UnitArgs<T> a) {
+    const int64_t j = blockIdx.x;
+    if (a.start[j + 1] - a.start[j] > a.hot_tokens) return;  // backward_hot_units' unit
+    unit_gradients<T, 1>(a, j);
+}
+
+/// The listed hot units, G token groups a block, blocks striding over the list.
+template <class T, int G>
+__global__ void __launch_bounds__(kUnitThreads *G) backward_hot_units(UnitArgs<T> a) {
+    const uint32_t n = *a.hot_count;
+    for (uint32_t i = blockIdx.x; i < n; i += gridDim.x) unit_gradients<T, G>(a, a.hot_units[i]);
 }
 
 }  // namespace twblas::cuda
