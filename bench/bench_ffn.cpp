@@ -121,6 +121,8 @@ void register_suite(const std::string &suite) {
         // 4 d_model) at the tokens a GPU takes there and the sparsity training reaches (~6 active
         // units), graph-replayed and eager: how much of a small layer's step is host time
         for (const Shape s : {Shape{512, 2048}, Shape{1024, 4096}}) register_train_eager(s, "uniform-6", {8192, 16384});
+        // and with 8 units firing on about every token (backward_hot_units' case)
+        register_train_eager(Shape{512, 2048}, "uniform-6+hot-8", {8192});
         return;
     }
     if (suite == "full" || suite == "train") {

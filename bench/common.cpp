@@ -43,9 +43,15 @@ std::shared_ptr<Problem> problem(Shape s, const std::string &profile, int64_t ma
     spec.model_dim = s.d;
     spec.hidden_dim = s.h;
     spec.seed = 2026;
-    if (!tt::parse_profile(profile, &spec.profile, &spec.active_units))
+    // "PROFILE+hot-N": N units (spread over H) fire on about every token, their gate rows negated
+    // (a trained model's busiest units: the PyTorch runs of issue 13 had a few a layer)
+    const size_t plus = profile.find("+hot-");
+    const int64_t hot = plus == std::string::npos ? 0 : std::stoll(profile.substr(plus + 5));
+    if (!tt::parse_profile(profile.substr(0, plus), &spec.profile, &spec.active_units) || hot < 0 || hot > s.h)
         throw std::runtime_error("bad profile " + profile);
     p->host = tt::make_ffn_problem(spec);
+    for (int64_t i = 0; i < hot; ++i)
+        for (int64_t c = 0; c < s.d; ++c) p->host.w_gate[static_cast<size_t>(i * (s.h / hot) * s.d + c)] *= -1.0f;
     const auto x16 = tt::to_bf16(p->host.x);
     std::vector<uint16_t> gu16 = tt::to_bf16(p->host.w_gate);
     const auto u16 = tt::to_bf16(p->host.w_up);

@@ -162,19 +162,24 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
     // clang-format on
     if (p.h > 0 && p.d > 0) {
         const unsigned slices = static_cast<unsigned>(ceil_div(p.dp, kUnitThreads * Chunk<T>::n));
-        // the hot units (listed only when there are slots) on the branch, enqueued first: their
-        // long sums start before the other units' blocks take the SMs, and run beside them
-        cudaStream_t side = nullptr;
+        // the hot units (listed only when there are slots) on the main stream, enqueued first so
+        // that their long sums start at once, the other units on the branch beside them (the
+        // other order, hot units on the branch, measured the same: 924 against 912 us a step
+        // with 8 units on every token, d_model 512, 8192 tokens; H100, same call)
+        const dim3 cold_grid(static_cast<unsigned>(p.h), slices);
         if (total > 0) {
-            side = branch.fork(stream);
+            branch.mark(stream);
             constexpr int G = heuristics::kUnitTokenGroups;
             const unsigned hot_blocks = static_cast<unsigned>(std::min<int64_t>(p.h, heuristics::kHotUnitBlocks));
-            backward_hot_units<T, G><<<dim3(hot_blocks, slices), kUnitThreads * G, 0, side>>>(ua);
+            backward_hot_units<T, G><<<dim3(hot_blocks, slices), kUnitThreads * G, 0, stream>>>(ua);
             check_launch("backward_hot_units");
+            backward_units<T><<<cold_grid, kUnitThreads, 0, branch.fork_from_mark()>>>(ua);
+            check_launch("backward_units");
+            branch.join(stream);
+        } else {
+            backward_units<T><<<cold_grid, kUnitThreads, 0, stream>>>(ua);
+            check_launch("backward_units");
         }
-        backward_units<T><<<dim3(static_cast<unsigned>(p.h), slices), kUnitThreads, 0, stream>>>(ua);
-        check_launch("backward_units");
-        if (side) branch.join(stream);
     }
 }
 

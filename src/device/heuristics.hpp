@@ -108,27 +108,29 @@ constexpr bool kServeGateFetch256 = true;
 #endif
 bool serve_applies(const FfnProblem &p);
 
-/// Token groups of the backward's per-unit sums (backward_units): each unit's tokens are summed by
-/// this many groups of 64 threads, then added in group order. More groups shorten the serial sum
-/// of a unit active on most tokens (a trained model's busiest units). Measured on an H100
-/// (bench/probes/sparse_mlp_step_profile.py, 8192 tokens, d_model 512, d_ff 2048, 2026-11-23):
-/// 4 groups took a step with 2 or 8 units active on every token from 1.68 / 1.70 ms to 0.86 /
-/// 0.87 (backward_units 1.38 -> 0.55 ms), and cost ~13 us where units are spread evenly
-/// (0.32 -> 0.33 ms a step). -DTWBLAS_UNIT_TOKEN_GROUPS=1 builds the single-group code.
+/// Token groups of the backward's per-unit sums for the hot units (backward_hot_units): each hot
+/// unit's tokens are summed by this many groups of 64 threads, then added in group order. More
+/// groups shorten the serial sum of a unit active on most tokens (a trained model's busiest
+/// units). History, on an H100: with every unit in 4 groups (2026-11-23) a step of the PyTorch
+/// probe with 2 or 8 units active on every token went from 1.68 / 1.70 ms to 0.86 / 0.87
+/// (bench/probes/sparse_mlp_step_profile.py, 8192 tokens, d_model 512, d_ff 2048); since only
+/// the hot units take groups, 8 against 4 (same call, bench `uniform-6+hot-8`, the same
+/// pattern): 717 against 923 us a step, every unit in 4 groups 812
+/// (bench/results/h100-hot-units-2026-11-27.txt). -DTWBLAS_UNIT_TOKEN_GROUPS=N builds another.
 #ifdef TWBLAS_UNIT_TOKEN_GROUPS
 constexpr int kUnitTokenGroups = TWBLAS_UNIT_TOKEN_GROUPS;
 #else
-constexpr int kUnitTokenGroups = 4;
+constexpr int kUnitTokenGroups = 8;
 #endif
 
-/// Only the hot units take those groups (backward_hot_units, on a branch beside the others): with
-/// every unit in G = 4 groups the training step at M = 16384 was 4-16 % slower than with one
-/// group on an H100 (uniform-29 2825 against 2535 us, llm-29 2661 against 2552; the train-eager
-/// suite's d_model 512 and 1024 layers 3-16 %; bench/results/h100-unit-groups-2026-11-27.txt):
-/// the groups' 256-thread blocks fit fewer an SM, and a unit with ~84 tokens gains nothing from
-/// a shorter serial sum. A unit is hot when it has more slots than this: 256, or M / 32 past 8192
-/// tokens (uniform-29 has ~84 a unit at 16384 tokens, ~340 at 65536). A function of M alone, so
-/// the bits are the same from call to call.
+/// Only the hot units take those groups (backward_hot_units, beside the others): with every unit
+/// in 4 groups the training step at M = 16384 was 4-16 % slower than with one group on an H100
+/// (uniform-29 2825 against 2535 us, llm-29 2661 against 2552; the train-eager suite's d_model
+/// 512 and 1024 layers 3-16 %; bench/results/h100-unit-groups-2026-11-27.txt): the groups'
+/// 256-thread blocks fit fewer an SM, and a unit with ~84 tokens gains nothing from a shorter
+/// serial sum. A unit is hot when it has more slots than this: 256, or M / 32 past 8192 tokens
+/// (uniform-29 has ~84 a unit at 16384 tokens, ~340 at 65536). A function of M alone, so the
+/// bits are the same from call to call.
 constexpr int64_t unit_hot_tokens(int64_t m) { return m / 32 > 256 ? m / 32 : 256; }
 /// Blocks (a column slice's) striding over the hot units' list.
 constexpr int64_t kHotUnitBlocks = 64;
