@@ -99,23 +99,36 @@ template <class T> struct UnitArgs {
 // sooner; G = 1 is one group, no reduction. Every unit with G > 1 cost 4-16 % of the training
 // step on an H100 (fewer blocks an SM), so only the hot units take the groups
 // (heuristics::unit_hot_tokens).
+// A batch stages 64 entries a group, up to 4 groups (a hot unit's 8192 tokens in 32 batches of
+// two dependent loads and two barriers each, not 128).
 constexpr int kUnitThreads = 64, kUnitBatch = 64;
+// 16-byte loads of X and dY rows in flight a lane: 2 x 4 entries, and for the hot units' groups
+// (one 512-thread block an SM, 89 registers) 2 x 8. On an H100, 8 units on every token (bench
+// uniform-6+hot-8, same call): 64-entry batches 715 us a step, 256-entry batches 566, and 8
+// entries in flight 553 (bench/results/h100-hot-units-2026-11-27.txt)
+#ifdef TWBLAS_HOT_UNIT_AHEAD
+constexpr int kHotUnitAhead = TWBLAS_HOT_UNIT_AHEAD;
+#else
+constexpr int kHotUnitAhead = 8;
+#endif
 
 /// Unit j's three weight-gradient chunks (this block's column slice). Every thread of the block
 /// calls it with the same j (its barriers are the block's).
 template <class T, int G>
 __device__ void unit_gradients(const UnitArgs<T> &a, int64_t j) {
-    constexpr int E = Chunk<T>::n;
-    __shared__ int64_t s_tok[kUnitBatch];
-    __shared__ float s_z[kUnitBatch], s_u[kUnitBatch], s_h[kUnitBatch];
+    // up to 4 groups' entries a batch: at G = 8, 256 entries (5 KB) and the groups' sums (42 KB)
+    // stay under the 48 KB of static shared memory
+    constexpr int E = Chunk<T>::n, B = kUnitBatch * (G < 4 ? G : 4);
+    __shared__ int64_t s_tok[B];
+    __shared__ float s_z[B], s_u[B], s_h[B];
     const int lane = static_cast<int>(threadIdx.x) % kUnitThreads, group = static_cast<int>(threadIdx.x) / kUnitThreads;
     const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * kUnitThreads + lane) * E;
     float az[E], au[E], ad[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) az[e] = au[e] = ad[e] = 0.0f;
     const int32_t p0 = a.start[j], p1 = a.start[j + 1];
-    for (int32_t b = p0; b < p1; b += kUnitBatch) {
-        const int nb = min(kUnitBatch, p1 - b);
+    for (int32_t b = p0; b < p1; b += B) {
+        const int nb = min(B, p1 - b);
         __syncthreads();
         if (threadIdx.x < nb) {
             const int64_t slot = a.slots[b + threadIdx.x];
@@ -139,7 +152,7 @@ __device__ void unit_gradients(const UnitArgs<T> &a, int64_t j) {
         if (a.x_vec && a.dy_vec && k0 + E <= a.d) {
             // four entries at a time: their eight 16-byte loads are issued before any is used
             // (the kernel is bound by load latency, not bandwidth)
-            constexpr int kG = 4;
+            constexpr int kG = G > 1 ? kHotUnitAhead : 4;
             for (; e + kG <= e_end; e += kG) {
                 uint4 xq[kG], yq[kG];
 #pragma unroll
