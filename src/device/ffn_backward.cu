@@ -114,9 +114,35 @@ template <class T> void launch_tokens(cudaStream_t stream, const TokenArgs<T> &a
     check_launch("token_dx");
 }
 
+/// The hot units' kernel: clusters of heuristics::kHotUnitCluster blocks a unit where cluster
+/// launches run (an sm_90+ GPU running compute_90+ code: DeviceInfo::pdl's condition), else
+/// one block a unit.
+template <class T>
+void launch_hot_units(cudaStream_t stream, const UnitArgs<T> &ua, int64_t h, unsigned slices, bool clusters) {
+    constexpr int G = heuristics::kUnitTokenGroups, N = heuristics::kHotUnitCluster;
+    const unsigned units = static_cast<unsigned>(std::min<int64_t>(h, heuristics::kHotUnitBlocks));
+    if (!clusters || N == 1) {
+        backward_hot_units<T, G, 1><<<dim3(units, slices), kUnitThreads * G, 0, stream>>>(ua);
+        check_launch("backward_hot_units");
+        return;
+    }
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(units * N, slices);
+    cfg.blockDim = dim3(kUnitThreads * G);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = N;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check(cudaLaunchKernelEx(&cfg, backward_hot_units<T, G, N>, ua), "cudaLaunchKernelEx(backward_hot_units)");
+}
+
 template <class T>
 void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const void *saved, const BackwardArgs &b,
-              const TrainScratch &s, int64_t first, int sm_count, StreamBranch &branch) {
+              const TrainScratch &s, int64_t first, int sm_count, StreamBranch &branch, bool clusters) {
     const SavedView sv = saved_view(p, saved);
     const SavedLayout l = saved_layout(p);
     const bool f32 = p.gate_f32();
@@ -169,10 +195,7 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
         const dim3 cold_grid(static_cast<unsigned>(p.h), slices);
         if (total > 0) {
             branch.mark(stream);
-            constexpr int G = heuristics::kUnitTokenGroups;
-            const unsigned hot_blocks = static_cast<unsigned>(std::min<int64_t>(p.h, heuristics::kHotUnitBlocks));
-            backward_hot_units<T, G><<<dim3(hot_blocks, slices), kUnitThreads * G, 0, stream>>>(ua);
-            check_launch("backward_hot_units");
+            launch_hot_units<T>(stream, ua, p.h, slices, clusters);
             backward_units<T><<<cold_grid, kUnitThreads, 0, branch.fork_from_mark()>>>(ua);
             check_launch("backward_units");
             branch.join(stream);
@@ -368,7 +391,8 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
     const bool dense_forward = forward ? forward->dense_mode : st.dense_mode;
     const int64_t cap = !cublas ? 0 : dense_forward ? p.m : heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m);
     if (cap > 0) recompute_with_cublas(stream, st, p, saved, b, s, cap);
-    by_type(p.type, [&](auto tag) { backward<decltype(tag)>(stream, p, w, saved, b, s, cap, st.sm_count, st.branch); });
+    by_type(p.type,
+            [&](auto tag) { backward<decltype(tag)>(stream, p, w, saved, b, s, cap, st.sm_count, st.branch, st.pdl); });
 }
 
 }  // namespace twblas::cuda

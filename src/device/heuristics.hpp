@@ -132,8 +132,18 @@ constexpr int kUnitTokenGroups = 8;
 /// (uniform-29 has ~84 a unit at 16384 tokens, ~340 at 65536). A function of M alone, so the
 /// bits are the same from call to call.
 constexpr int64_t unit_hot_tokens(int64_t m) { return m / 32 > 256 ? m / 32 : 256; }
-/// Blocks (a column slice's) striding over the hot units' list.
+/// Hot units a launch at a time (a column slice's), striding over the list.
 constexpr int64_t kHotUnitBlocks = 64;
+/// Blocks a hot unit (a thread-block cluster, sm_90 and newer; rank 0 adds the blocks' sums in
+/// rank order). On an H100, 8 units on every token (bench uniform-6+hot-8, d_model 512, 8192
+/// tokens, same call): 359 us a step with 8, 396 with 4, 561 with one block a unit; evenly spread
+/// units and the 16384-token steps level (bench/results/h100-hot-units-2026-11-27.txt).
+/// -DTWBLAS_HOT_UNIT_CLUSTER=N builds another (1: no cluster).
+#ifdef TWBLAS_HOT_UNIT_CLUSTER
+constexpr int kHotUnitCluster = TWBLAS_HOT_UNIT_CLUSTER;
+#else
+constexpr int kHotUnitCluster = 8;
+#endif
 
 /// After a forward that chose dense mode (below), a call of few tokens still gathers (serving or
 /// decode path) while the unit rows it gathers, tokens x mean active units, are at most

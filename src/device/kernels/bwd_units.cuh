@@ -3,6 +3,8 @@
 // token order and writes each weight-gradient row once.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "common/values.cuh"
 
 namespace twblas::cuda {
@@ -113,9 +115,12 @@ constexpr int kHotUnitAhead = 8;
 #endif
 
 /// Unit j's three weight-gradient chunks (this block's column slice). Every thread of the block
-/// calls it with the same j (its barriers are the block's).
-template <class T, int G>
+/// calls it with the same j (its barriers are the block's). With N > 1 the block is rank r of a
+/// cluster of N that all call it with j: it sums the r-th of N contiguous shares of the unit's
+/// slots, and rank 0 adds the ranks' sums in rank order (distributed shared memory) and writes.
+template <class T, int G, int N = 1>
 __device__ void unit_gradients(const UnitArgs<T> &a, int64_t j) {
+    static_assert(N == 1 || G > 1, "a cluster's sums pass through the groups' shared memory");
     // up to 4 groups' entries a batch: at G = 8, 256 entries (5 KB) and the groups' sums (42 KB)
     // stay under the 48 KB of static shared memory
     constexpr int E = Chunk<T>::n, B = kUnitBatch * (G < 4 ? G : 4);
@@ -126,7 +131,16 @@ __device__ void unit_gradients(const UnitArgs<T> &a, int64_t j) {
     float az[E], au[E], ad[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) az[e] = au[e] = ad[e] = 0.0f;
-    const int32_t p0 = a.start[j], p1 = a.start[j + 1];
+    int32_t p0 = a.start[j], p1 = a.start[j + 1];
+    [[maybe_unused]] int rank = 0;
+    if constexpr (N > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+#endif
+        const int32_t share = (p1 - p0 + N - 1) / N;
+        p0 = min(p1, p0 + rank * share);
+        p1 = min(p1, p0 + share);
+    }
     for (int32_t b = p0; b < p1; b += B) {
         const int nb = min(B, p1 - b);
         __syncthreads();
@@ -205,15 +219,48 @@ __device__ void unit_gradients(const UnitArgs<T> &a, int64_t j) {
             }
         }
         __syncthreads();
-        if (group > 0) return;
-        for (int g = 0; g < G - 1; ++g) {
+        if (group == 0) {
+            for (int g = 0; g < G - 1; ++g) {
 #pragma unroll
-            for (int q = 0; q < E; ++q) {
-                az[q] += s_red[g][0][lane * E + q];
-                au[q] += s_red[g][1][lane * E + q];
-                ad[q] += s_red[g][2][lane * E + q];
+                for (int q = 0; q < E; ++q) {
+                    az[q] += s_red[g][0][lane * E + q];
+                    au[q] += s_red[g][1][lane * E + q];
+                    ad[q] += s_red[g][2][lane * E + q];
+                }
             }
         }
+        if constexpr (N > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            // the block's sums where group 1's were (each lane reads and writes only its own
+            // columns), then rank 0 adds ranks 1 .. N-1 in order; every thread of every block
+            // takes both cluster barriers, the second keeping the ranks' memory until it is read
+            cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+            if (group == 0 && rank > 0) {
+#pragma unroll
+                for (int q = 0; q < E; ++q) {
+                    s_red[0][0][lane * E + q] = az[q];
+                    s_red[0][1][lane * E + q] = au[q];
+                    s_red[0][2][lane * E + q] = ad[q];
+                }
+            }
+            cluster.sync();
+            if (group == 0 && rank == 0) {
+                for (int r = 1; r < N; ++r) {
+                    float(*peer)[3][kUnitThreads * E] = cluster.map_shared_rank(s_red, r);
+#pragma unroll
+                    for (int q = 0; q < E; ++q) {
+                        az[q] += peer[0][0][lane * E + q];
+                        au[q] += peer[0][1][lane * E + q];
+                        ad[q] += peer[0][2][lane * E + q];
+                    }
+                }
+            }
+            cluster.sync();
+#else
+            __trap();  // clusters run only where compute_90+ code does (the launch checks)
+#endif
+        }
+        if (group > 0 || rank > 0) return;
     }
     if (k0 >= a.d) return;
     if (*a.dense_count > 0) {
@@ -240,11 +287,12 @@ __global__ void __launch_bounds__(kUnitThreads) backward_units(UnitArgs<T> a) {
     unit_gradients<T, 1>(a, j);
 }
 
-/// The listed hot units, G token groups a block, blocks striding over the list.
-template <class T, int G>
+/// The listed hot units, G token groups a block and clusters of N blocks a unit (N = 1: no
+/// cluster), the clusters striding over the list.
+template <class T, int G, int N>
 __global__ void __launch_bounds__(kUnitThreads *G) backward_hot_units(UnitArgs<T> a) {
     const uint32_t n = *a.hot_count;
-    for (uint32_t i = blockIdx.x; i < n; i += gridDim.x) unit_gradients<T, G>(a, a.hot_units[i]);
+    for (uint32_t i = blockIdx.x / N; i < n; i += gridDim.x / N) unit_gradients<T, G, N>(a, a.hot_units[i]);
 }
 
 }  // namespace twblas::cuda
