@@ -39,7 +39,7 @@ __global__ void dense_row_keys(const int32_t *rows, const uint32_t *count, int64
 
 /// start[u] = first sorted position whose key is >= u, for u in [0, H]: unit j's slots are
 /// [start[j], start[j + 1]). With `hot_units`, the units with more than `hot_tokens` slots are
-/// listed there too (in no fixed order: each is summed by one block either way).
+/// listed there too, in no fixed order (a unit's sums do not depend on its place in the list).
 __global__ void unit_starts(const uint32_t *keys, int64_t total, int64_t h, int32_t *start, int64_t hot_tokens,
                             int32_t *hot_units, uint32_t *hot_count) {
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -164,7 +164,7 @@ __device__ void unit_gradients(const UnitArgs<T> &a, int64_t j) {
         int e = min(nb, group * per);
         const int e_end = min(nb, e + per);
         if (a.x_vec && a.dy_vec && k0 + E <= a.d) {
-            // four entries at a time: their eight 16-byte loads are issued before any is used
+            // kG entries at a time: their 2 kG 16-byte loads are issued before any is used
             // (the kernel is bound by load latency, not bandwidth)
             constexpr int kG = G > 1 ? kHotUnitAhead : 4;
             for (; e + kG <= e_end; e += kG) {
