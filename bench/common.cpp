@@ -50,8 +50,7 @@ std::shared_ptr<Problem> problem(Shape s, const std::string &profile, int64_t ma
     if (!tt::parse_profile(profile.substr(0, plus), &spec.profile, &spec.active_units) || hot < 0 || hot > s.h)
         throw std::runtime_error("bad profile " + profile);
     p->host = tt::make_ffn_problem(spec);
-    for (int64_t i = 0; i < hot; ++i)
-        for (int64_t c = 0; c < s.d; ++c) p->host.w_gate[static_cast<size_t>(i * (s.h / hot) * s.d + c)] *= -1.0f;
+    tt::make_units_hot(p->host.w_gate, s.h, s.d, hot);
     const auto x16 = tt::to_bf16(p->host.x);
     std::vector<uint16_t> gu16 = tt::to_bf16(p->host.w_gate);
     const auto u16 = tt::to_bf16(p->host.w_up);

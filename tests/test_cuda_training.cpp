@@ -141,9 +141,10 @@ TEST_CASE("CUDA training: profiles, types and modes against the reference", "[cu
 }
 
 TEST_CASE("CUDA training: units active on most tokens (the hot units' token groups)", "[cuda][train]") {
-    // backward_hot_units sums the units with more than max(256, M / 32) slots in token groups on a
-    // branch beside the other units; D = 600 gives it two column slices, 66 hot units make its 64
-    // blocks stride over the list. A unit's gate row negated fires for ~all tokens instead of ~29/H.
+    // backward_hot_units sums the units with more than max(256, M / 32) slots (token groups, a
+    // cluster of blocks a unit on sm_90) beside the other units' kernel; D = 600 gives it two
+    // column slices, 66 hot units make its 64 clusters stride over the list. A unit's gate row
+    // negated fires for ~all tokens instead of ~29/H (twblas::testing::make_units_hot).
     struct Shape {
         int64_t m, d, h, hot;
     };
@@ -155,9 +156,7 @@ TEST_CASE("CUDA training: units active on most tokens (the hot units' token grou
             c.h = s.h;
             c.gated = gated;
             TrainData data = make_data(c);
-            std::vector<float> &ws = gated ? data.wg : data.wu;
-            for (int64_t i = 0; i < s.hot; ++i)  // spread over the TwELL tiles
-                for (int64_t k = 0; k < s.d; ++k) ws[static_cast<size_t>((i * (s.h / s.hot)) * s.d + k)] *= -1.0f;
+            tt::make_units_hot(gated ? data.wg : data.wu, s.h, s.d, s.hot);
             DYNAMIC_SECTION(describe(c) << " hot units " << s.hot) {
                 const TrainExpected want = expected_train(c, data);
                 const TrainResult got = run_train(c, data, kBackend);

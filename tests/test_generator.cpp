@@ -14,13 +14,14 @@
 #include <vector>
 
 using twblas::testing::ActivationStats;
-using twblas::testing::FfnProblem;
-using twblas::testing::Profile;
-using twblas::testing::ProblemSpec;
 using twblas::testing::describe;
+using twblas::testing::FfnProblem;
 using twblas::testing::make_ffn_problem;
+using twblas::testing::make_units_hot;
 using twblas::testing::measure_activations;
 using twblas::testing::parse_profile;
+using twblas::testing::ProblemSpec;
+using twblas::testing::Profile;
 using twblas::testing::profile_name;
 using twblas::testing::to_bf16;
 
@@ -142,6 +143,26 @@ TEST_CASE("generator: uniform-29 gives about 29 active units per token", "[gener
     INFO(describe(w));
     CHECK(w.mean_row_nnz == Approx(911).epsilon(0.1));
     CHECK(w.rows_over_tile_capacity == 128);
+}
+
+TEST_CASE("generator: make_units_hot makes units fire on most tokens", "[generator]") {
+    FfnProblem p = make_ffn_problem(small_spec(Profile::Uniform, 200, 64, 600));
+    const double before = measure_activations(p).mean_row_nnz;
+    make_units_hot(p.w_gate, 600, 64, 4);  // units 0, 150, 300, 450
+    const std::vector<float> &w = p.w_gate;
+    for (int64_t j : {0, 150, 300, 450}) {
+        int64_t fired = 0;
+        for (int64_t t = 0; t < 200; ++t) {
+            float acc = 0;
+            for (int64_t c = 0; c < 64; ++c) acc += p.x[t * 64 + c] * w[j * 64 + c];
+            fired += acc > 0.0f;
+        }
+        INFO("unit " << j);
+        CHECK(fired > 180);  // about 1 - k / H of them: 95 % here
+    }
+    CHECK(measure_activations(p).mean_row_nnz > before + 3.0);  // 4 x (0.95 - 0.05) expected
+    CHECK_THROWS_AS(make_units_hot(p.w_gate, 600, 64, 601), std::invalid_argument);
+    CHECK_THROWS_AS(make_units_hot(p.w_gate, 600, 63, 4), std::invalid_argument);
 }
 
 TEST_CASE("generator: heavy rows are dense and listed", "[generator]") {

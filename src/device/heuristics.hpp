@@ -115,7 +115,8 @@ bool serve_applies(const FfnProblem &p);
 /// probe with 2 or 8 units active on every token went from 1.68 / 1.70 ms to 0.86 / 0.87
 /// (bench/probes/sparse_mlp_step_profile.py, 8192 tokens, d_model 512, d_ff 2048); since only
 /// the hot units take groups, 8 against 4 (same call, bench `uniform-6+hot-8`, the same
-/// pattern): 717 against 923 us a step, every unit in 4 groups 812
+/// pattern, before the staging and cluster steps of kernels/bwd_units.cuh and kHotUnitCluster):
+/// 717 against 923 us a step, every unit in 4 groups 812
 /// (bench/results/h100-hot-units-2026-11-27.txt). -DTWBLAS_UNIT_TOKEN_GROUPS=N builds another.
 #ifdef TWBLAS_UNIT_TOKEN_GROUPS
 constexpr int kUnitTokenGroups = TWBLAS_UNIT_TOKEN_GROUPS;

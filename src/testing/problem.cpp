@@ -383,6 +383,13 @@ FfnProblem make_ffn_problem(const ProblemSpec &spec) {
     return p;
 }
 
+void make_units_hot(std::vector<float> &sparsity_rows, int64_t hidden_dim, int64_t model_dim, int64_t hot) {
+    if (hot < 0 || hot > hidden_dim || model_dim < 1 || sparsity_rows.size() != sz(hidden_dim) * sz(model_dim))
+        throw std::invalid_argument("make_units_hot: hot outside [0, H] or rows not H x D");
+    for (int64_t i = 0; i < hot; ++i)
+        for (int64_t c = 0; c < model_dim; ++c) sparsity_rows[sz((i * (hidden_dim / hot)) * model_dim + c)] *= -1.0f;
+}
+
 ActivationStats measure_activations(const FfnProblem &p, int tile_width, int tile_capacity) {
     const int64_t M = p.spec.tokens, D = p.spec.model_dim, H = p.spec.hidden_dim;
     const std::vector<float> &s = p.spec.gated ? p.w_gate : p.w_up;

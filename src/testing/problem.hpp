@@ -68,6 +68,12 @@ struct FfnProblem {
 // (0, H) (Uniform, Heavy) or above what the Llm profile can reach, heavy_scale <= 0.
 FfnProblem make_ffn_problem(const ProblemSpec &spec);
 
+// Makes `hot` units (j = i * (H / hot), spread over the TwELL tiles) fire on all but about k / H
+// of the tokens instead of about k / H of them: their rows of the sparsity-making matrix (H x D,
+// row-major: w_gate when gated, else w_up) negated. A trained model's busiest units. Throws
+// std::invalid_argument for hot outside [0, H] or a matrix that is not H x D.
+void make_units_hot(std::vector<float> &sparsity_rows, int64_t hidden_dim, int64_t model_dim, int64_t hot);
+
 struct ActivationStats {
     int64_t tokens = 0;
     double mean_row_nnz = 0;    // mean active units per token
