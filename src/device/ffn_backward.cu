@@ -10,6 +10,8 @@
 //              tokens come out in ascending order, so every sum below has a fixed order;
 //   units      a block per unit sums dz X_t, du X_t and h dY_t over its tokens (plus the
 //              recomputed rows' terms) and writes the unit's rows of dWg, dWu, dWd once.
+// The recompute and the transpose need only the saved state: they run on the FFN's branch beside
+// the token phase, joined before the units.
 // Nothing uses atomics on values: the results are bitwise reproducible.
 #include "ffn_backward.hpp"
 
@@ -114,6 +116,24 @@ template <class T> void launch_tokens(cudaStream_t stream, const TokenArgs<T> &a
     check_launch("token_dx");
 }
 
+/// The saved slots sorted by unit (a stable radix sort: each unit's tokens in ascending order),
+/// each unit's first position in the sorted list, and the list of hot units.
+void sort_slots_by_unit(cudaStream_t stream, const FfnProblem &p, const SavedView &sv, const TrainScratch &s,
+                        int64_t total, int64_t hot_tokens) {
+    if (total > 0) {
+        slot_keys<<<std::max(1, std::min(4096, ceil_div(total, 256))), 256, 0, stream>>>(
+            sv.idx, sv.count, p.m, saved_layout(p).ell, p.h, s.keys, s.slots, s.hot_count);
+        check_launch("slot_keys");
+        size_t temp = s.sort_bytes;
+        check(cub::DeviceRadixSort::SortPairs(s.sort_temp, temp, s.keys, s.keys_sorted, s.slots, s.slots_sorted,
+                                              static_cast<int>(total), 0, key_bits(p.h), stream),
+              "cub::DeviceRadixSort");
+    }
+    unit_starts<<<std::max(1, std::min(4096, ceil_div(std::max<int64_t>(total, p.h + 1), 256))), 256, 0, stream>>>(
+        s.keys_sorted, total, p.h, s.unit_start, hot_tokens, total > 0 ? s.hot_units : nullptr, s.hot_count);
+    check_launch("unit_starts");
+}
+
 /// The hot units' kernel: clusters of heuristics::kHotUnitCluster blocks a unit where cluster
 /// launches run (an sm_90+ GPU running compute_90+ code: DeviceInfo::pdl's condition), else
 /// one block a unit.
@@ -146,34 +166,50 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
     const SavedView sv = saved_view(p, saved);
     const SavedLayout l = saved_layout(p);
     const bool f32 = p.gate_f32();
+    TokenArgs<T> ta{static_cast<const T *>(b.dy.ptr),
+                    b.dy.rs,
+                    b.dy.cs,
+                    rows_vectorizable(b.dy, p.d),
+                    static_cast<T *>(b.dx.ptr),
+                    b.dx.rs,
+                    b.dx.cs,
+                    rows_vectorizable(b.dx, p.d),
+                    static_cast<const T *>(w.pair),
+                    w.pair_stride,
+                    static_cast<const T *>(w.gate),
+                    w.gate_ld,
+                    p.dp,
+                    p.d,
+                    p.m,
+                    p.h,
+                    f32,
+                    p.gated,
+                    p.highest,
+                    b.l1_scale,
+                    sv.idx,
+                    sv.g,
+                    sv.u,
+                    sv.count,
+                    l.ell,
+                    s.dz,
+                    s.du};
+    const int64_t total = p.m * l.ell;
+    const int64_t hot_tokens = heuristics::unit_hot_tokens(p.m);
+    // The token phase on the main stream; beside it, on the branch, the work that needs only the
+    // saved state: the recompute of the dense-path rows (their own dX rows, which the token phase
+    // skips, and their fp32 terms) and the slots' sort by unit. The unit phase reads all three,
+    // so it starts after the join. (In line, the recompute's gathered GEMMs cost a launch each
+    // even when the dense list is empty.)
+    branch.mark(stream);
+    launch_tokens<T>(stream, ta);
+    const cudaStream_t side = branch.fork_from_mark();
     if (p.m > 0) {
         SavedView sorted = sv;
         sorted.dense_rows = s.rows_sorted;
-        recompute_rows<T>(stream, p, w, sorted, b, s, first, sm_count);
+        recompute_rows<T>(side, p, w, sorted, b, s, first, sm_count);
     }
-
-    TokenArgs<T> ta{static_cast<const T *>(b.dy.ptr), b.dy.rs, b.dy.cs, rows_vectorizable(b.dy, p.d), static_cast<T *>(b.dx.ptr),
-                    b.dx.rs, b.dx.cs, rows_vectorizable(b.dx, p.d), static_cast<const T *>(w.pair), w.pair_stride,
-                    static_cast<const T *>(w.gate), w.gate_ld, p.dp, p.d, p.m, p.h, f32, p.gated, p.highest,
-                    b.l1_scale,
-                    sv.idx, sv.g, sv.u, sv.count, l.ell, s.dz, s.du};
-    launch_tokens<T>(stream, ta);
-
-    const int64_t total = p.m * l.ell;
-    const int bits = key_bits(p.h);
-    if (total > 0) {
-        slot_keys<<<std::max(1, std::min(4096, ceil_div(total, 256))), 256, 0, stream>>>(
-            sv.idx, sv.count, p.m, l.ell, p.h, s.keys, s.slots, s.hot_count);
-        check_launch("slot_keys");
-        size_t temp = s.sort_bytes;
-        check(cub::DeviceRadixSort::SortPairs(s.sort_temp, temp, s.keys, s.keys_sorted, s.slots, s.slots_sorted,
-                                              static_cast<int>(total), 0, bits, stream),
-              "cub::DeviceRadixSort");
-    }
-    const int64_t hot_tokens = heuristics::unit_hot_tokens(p.m);
-    unit_starts<<<std::max(1, std::min(4096, ceil_div(std::max<int64_t>(total, p.h + 1), 256))), 256, 0, stream>>>(
-        s.keys_sorted, total, p.h, s.unit_start, hot_tokens, total > 0 ? s.hot_units : nullptr, s.hot_count);
-    check_launch("unit_starts");
+    sort_slots_by_unit(side, p, sv, s, total, hot_tokens);
+    branch.join(stream);
 
     const MatrixArg &oz = p.gated ? b.dwg : b.dwu;
     // clang-format off
