@@ -166,33 +166,13 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
     const SavedView sv = saved_view(p, saved);
     const SavedLayout l = saved_layout(p);
     const bool f32 = p.gate_f32();
-    TokenArgs<T> ta{static_cast<const T *>(b.dy.ptr),
-                    b.dy.rs,
-                    b.dy.cs,
-                    rows_vectorizable(b.dy, p.d),
-                    static_cast<T *>(b.dx.ptr),
-                    b.dx.rs,
-                    b.dx.cs,
-                    rows_vectorizable(b.dx, p.d),
-                    static_cast<const T *>(w.pair),
-                    w.pair_stride,
-                    static_cast<const T *>(w.gate),
-                    w.gate_ld,
-                    p.dp,
-                    p.d,
-                    p.m,
-                    p.h,
-                    f32,
-                    p.gated,
-                    p.highest,
-                    b.l1_scale,
-                    sv.idx,
-                    sv.g,
-                    sv.u,
-                    sv.count,
-                    l.ell,
-                    s.dz,
-                    s.du};
+    // clang-format off
+    TokenArgs<T> ta{static_cast<const T *>(b.dy.ptr), b.dy.rs, b.dy.cs, rows_vectorizable(b.dy, p.d),
+                    static_cast<T *>(b.dx.ptr), b.dx.rs, b.dx.cs, rows_vectorizable(b.dx, p.d),
+                    static_cast<const T *>(w.pair), w.pair_stride, static_cast<const T *>(w.gate), w.gate_ld,
+                    p.dp, p.d, p.m, p.h, f32, p.gated, p.highest, b.l1_scale,
+                    sv.idx, sv.g, sv.u, sv.count, l.ell, s.dz, s.du};
+    // clang-format on
     const int64_t total = p.m * l.ell;
     const int64_t hot_tokens = heuristics::unit_hot_tokens(p.m);
     // The token phase on the main stream; beside it, on the branch, the work that needs only the
