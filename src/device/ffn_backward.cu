@@ -19,6 +19,7 @@
 
 #include <algorithm>
 
+#include "common/cluster_launch.cuh"
 #include "common/dispatch.hpp"
 #include "common/matrix_arg.hpp"
 #include "common/pointer_check.hpp"
@@ -118,11 +119,12 @@ template <class T> void launch_tokens(cudaStream_t stream, const TokenArgs<T> &a
 
 /// The saved slots sorted by unit (a stable radix sort: each unit's tokens in ascending order),
 /// each unit's first position in the sorted list, and the list of hot units.
-void sort_slots_by_unit(cudaStream_t stream, const FfnProblem &p, const SavedView &sv, const TrainScratch &s,
-                        int64_t total, int64_t hot_tokens) {
+void sort_slots_by_unit(cudaStream_t stream, const FfnProblem &p, const SavedView &sv, int32_t ell,
+                        const TrainScratch &s, int64_t hot_tokens) {
+    const int64_t total = p.m * ell;
     if (total > 0) {
         slot_keys<<<std::max(1, std::min(4096, ceil_div(total, 256))), 256, 0, stream>>>(
-            sv.idx, sv.count, p.m, saved_layout(p).ell, p.h, s.keys, s.slots, s.hot_count);
+            sv.idx, sv.count, p.m, ell, p.h, s.keys, s.slots, s.hot_count);
         check_launch("slot_keys");
         size_t temp = s.sort_bytes;
         check(cub::DeviceRadixSort::SortPairs(s.sort_temp, temp, s.keys, s.keys_sorted, s.slots, s.slots_sorted,
@@ -146,18 +148,8 @@ void launch_hot_units(cudaStream_t stream, const UnitArgs<T> &ua, int64_t h, uns
         check_launch("backward_hot_units");
         return;
     }
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(units * N, slices);
-    cfg.blockDim = dim3(kUnitThreads * G);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = N;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    check(cudaLaunchKernelEx(&cfg, backward_hot_units<T, G, N>, ua), "cudaLaunchKernelEx(backward_hot_units)");
+    launch_in_clusters(backward_hot_units<T, G, N>, dim3(units * N, slices), dim3(kUnitThreads * G), N, stream,
+                       "cudaLaunchKernelEx(backward_hot_units)", ua);
 }
 
 template <class T>
@@ -188,7 +180,7 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
         sorted.dense_rows = s.rows_sorted;
         recompute_rows<T>(side, p, w, sorted, b, s, first, sm_count);
     }
-    sort_slots_by_unit(side, p, sv, s, total, hot_tokens);
+    sort_slots_by_unit(side, p, sv, l.ell, s, hot_tokens);
     branch.join(stream);
 
     const MatrixArg &oz = p.gated ? b.dwg : b.dwu;

@@ -1,0 +1,32 @@
+// Thread-block clusters (sm_90): `cluster_x` consecutive blocks along x run at once on one GPC and
+// can read each other's shared memory (cooperative_groups::this_cluster()). Only where compute_90+
+// code runs (DeviceInfo::pdl's condition); callers fall back to plain launches elsewhere.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "common/check.hpp"
+
+namespace twblas::cuda {
+
+/// `kernel` on `stream` in clusters of `cluster_x` blocks (grid.x a multiple of it).
+template <class... Params, class... Args>
+void launch_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_x, cudaStream_t stream,
+                        const char *what, Args &&...args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster_x;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+}
+
+}  // namespace twblas::cuda
