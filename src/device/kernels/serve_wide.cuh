@@ -1,0 +1,220 @@
+// serve_wide: the serving path's gate and h for 17 to heuristics::kServeWideMaxTokens tokens in one
+// kernel, so that serve_token, which follows it by programmatic dependent launch, only gathers the
+// down rows. It replaces cuBLAS's gate GEMM there, after which serve_token had to find each
+// token's units, read its Wu rows and form h in a chain of steps per block (bench/NOTES.md: the
+// chain, not the bytes, set M = 64's time).
+//
+// A block per 16 * warps consecutive units (about one block an SM), all of the call's tokens:
+//   1. the gate: Z = X Wg^T over its units on tensor cores, X and the Wg rows staged together in
+//      a ring of cp.async stages (Wg streamed once from DRAM, X read from L2 by every block);
+//   2. its epilogue: g rounded to T, each unit's tokens as a bit mask, g (plain FFN) or 0
+//      (inactive units) into the gate buffer, the units' bytes of each token's mask words, the
+//      neuron counts;
+//   3. the units active for some token listed in order, their Wd rows asked of L2 for
+//      serve_token, and U = X Wu^T over them alone through the same ring (each Wu row read once);
+//   4. h = g u (T-rounded, as serve_gate) into the gate buffer for the active pairs.
+// Warps split the units (two 8-unit MMA tiles each) and take every token tile, so the sums run
+// over K in one fixed order: deterministic bits.
+#pragma once
+
+#include "common/async_copy.cuh"
+#include "kernels/serve.cuh"
+
+namespace twblas::cuda {
+
+constexpr int kWideStages = 4;
+constexpr int kWideTilesPerWarp = 2;  // 8-unit MMA tiles: a warp's 16 units
+/// Elements added to every staged row (k per stage + this): rows 64 bytes apart modulo 128, so the
+/// 16-byte reads of a quarter warp (two rows, four k chunks) fall on distinct banks.
+constexpr int kWidePad = 32;
+
+/// Dynamic shared memory of a launch: the ring, then z (units x tokens fp32), the units' token
+/// masks and the list of active units.
+inline size_t serve_wide_smem(int token_tiles, int warps, int bk) {
+    const size_t mp = 16 * static_cast<size_t>(token_tiles), nu = 16 * static_cast<size_t>(warps);
+    return kWideStages * (mp + nu) * (bk + kWidePad) * 2 + nu * (mp + 1) * 4 + nu * 8 + nu * 4;
+}
+
+/// MT 16-token tiles (M <= 16 MT <= 64: a unit's tokens fit one 64-bit mask). `bk`: k per stage,
+/// a multiple of 32. Launched with 16 * warps units a block and serve_wide_smem bytes.
+template <class T, int MT> __global__ void __launch_bounds__(256) serve_wide(ServeArgs<T> a, int bk) {
+    static_assert(MT >= 1 && MT <= 4, "a unit's tokens in one 64-bit mask");
+    constexpr int MP = 16 * MT, NTW = kWideTilesPerWarp;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int nw = static_cast<int>(blockDim.x / 32), nu = 16 * nw;
+    const int warp = static_cast<int>(threadIdx.x / 32), lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int rs = bk + kWidePad;  // elements a staged row
+    const int stage_elems = (MP + nu) * rs;
+    T *ring = reinterpret_cast<T *>(smem);
+    float *z = reinterpret_cast<float *>(ring + kWideStages * stage_elems);  // [unit][token], MP + 1 apart
+    uint64_t *tokens_of = reinterpret_cast<uint64_t *>(z + nu * (MP + 1));
+    int *list = reinterpret_cast<int *>(tokens_of + nu);
+    __shared__ int list_count;
+
+    // serve_token may start its blocks now; it waits for this grid's end before reading its output
+    allow_dependent_launch();
+    const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * nu;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;
+
+    // stage `slot`: k [k0, k0 + bk) of the MP x rows (zeros past m and d) and of `wrows` weight rows
+    // (row_of(i), or zeros where it is null; dp-padded rows, so whole 16-byte chunks)
+    auto load_stage = [&](int slot, int64_t k0, auto row_of, int wrows) {
+        T *st = ring + slot * stage_elems;
+        const int cpr = bk / 8;
+        const int total = (MP + wrows) * cpr;
+        for (int e = threadIdx.x; e < total; e += blockDim.x) {
+            const int r = e / cpr, c = e - r * cpr;
+            const int64_t k = k0 + c * 8;
+            const void *src = a.x;
+            int bytes = 0;
+            if (r < MP) {
+                if (r < a.m && k < a.d) {
+                    src = a.x + r * a.x_rs + k;
+                    bytes = static_cast<int>(min(int64_t{16}, (a.d - k) * 2));
+                }
+            } else if (const T *row = row_of(r - MP); row && k < a.dp) {
+                src = row + k;
+                bytes = 16;
+            }
+            cp_async16_zfill(st + r * rs + c * 8, src, bytes);
+        }
+    };
+    using Mma = typename MmaOf<T>::Op;
+    float acc[MT][NTW][4];
+    // acc = X W^T over every k for this warp's tiles (tile index < ntiles) of the staged weight rows.
+    // Each lane reads 8 consecutive k of a row and feeds them to the MMA as k 2q, 2q + 1, 2q + 8,
+    // 2q + 9 of two k16 steps (serve_tile_dots's arrangement; a dot product's k order is free).
+    auto run_pass = [&](auto row_of, int wrows, int ntiles) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NTW; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+        const int ks = static_cast<int>((a.dp + bk - 1) / bk);
+        const bool busy = warp * NTW < ntiles;
+        for (int s = 0; s < kWideStages - 1; ++s) {
+            if (s < ks) load_stage(s, static_cast<int64_t>(s) * bk, row_of, wrows);
+            cp_async_commit();
+        }
+        for (int kb = 0; kb < ks; ++kb) {
+            cp_async_wait<kWideStages - 2>();
+            __syncthreads();  // stage kb is in, and every warp is done with the slot refilled next
+            const int next = kb + kWideStages - 1;
+            if (next < ks) load_stage(next % kWideStages, static_cast<int64_t>(next) * bk, row_of, wrows);
+            cp_async_commit();
+            if (!busy) continue;
+            const T *st = ring + (kb % kWideStages) * stage_elems;
+            for (int c = 0; c < bk / 32; ++c) {
+                const int kc = c * 32 + q * 8;
+                uint4 bv[NTW];
+#pragma unroll
+                for (int nt = 0; nt < NTW; ++nt)
+                    bv[nt] = *reinterpret_cast<const uint4 *>(st + (MP + (warp * NTW + nt) * 8 + g) * rs + kc);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const uint4 lo = *reinterpret_cast<const uint4 *>(st + (16 * mt + g) * rs + kc);
+                    const uint4 hi = *reinterpret_cast<const uint4 *>(st + (16 * mt + g + 8) * rs + kc);
+#pragma unroll
+                    for (int s = 0; s < 2; ++s)
+#pragma unroll
+                        for (int nt = 0; nt < NTW; ++nt)
+                            Mma::fma(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3], word_of(lo, 2 * s),
+                                     word_of(hi, 2 * s), word_of(lo, 2 * s + 1), word_of(hi, 2 * s + 1),
+                                     word_of(bv[nt], 2 * s), word_of(bv[nt], 2 * s + 1), acc[mt][nt][0],
+                                     acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]);
+                }
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // the ring is free
+    };
+    // the pass's sums into `dst` ([row][token], MP + 1 apart): accumulator i of lane l is token
+    // 16 mt + l / 4 (+ 8 for i >= 2) and row 8 tile + 2 (l % 4) + i % 2
+    auto store = [&](float *dst, int ntiles) {
+        if (warp * NTW < ntiles)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NTW; ++nt)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int row = (warp * NTW + nt) * 8 + 2 * q + (i & 1), token = 16 * mt + g + 8 * (i >> 1);
+                        dst[row * (MP + 1) + token] = acc[mt][nt][i];
+                    }
+        __syncthreads();
+    };
+
+    // 1. the gate over the block's units (rows past h are zeros)
+    run_pass([&](int i) -> const T * { return unit0 + i < a.h ? a.wgate + (unit0 + i) * a.wgate_ld : nullptr; }, nu,
+             nu / 8);
+    store(z, nu / 8);
+
+    // 2. a thread per unit: g rounded, the unit's tokens, g or 0 into the gate buffer, its count
+    if (static_cast<int>(threadIdx.x) < nu) {
+        const int u = threadIdx.x;
+        const int64_t unit = unit0 + u;
+        const bool ok = unit < a.h;
+        uint64_t bits = 0;
+        for (int t = 0; t < a.m; ++t) {
+            const float gv = round_to<T>(z[u * (MP + 1) + t]);
+            const bool on = ok && relu_active(gv);
+            bits |= static_cast<uint64_t>(on) << t;
+            z[u * (MP + 1) + t] = gv;
+            // gated: the active pairs get h in step 4
+            if (ok && !(on && a.gated)) a.gate[t * a.ldg + unit] = Value<T>::from_float(on ? gv : 0.0f);
+        }
+        tokens_of[u] = bits;
+        if (a.neuron_counts && bits) atomicAdd(a.neuron_counts + unit, static_cast<unsigned long long>(__popcll(bits)));
+    }
+    __syncthreads();
+    // the block's bytes of each token's mask words (byte b: units 8 b to 8 b + 7; words little-endian)
+    {
+        const int nb = nu / 8;
+        const int64_t byte0 = unit0 / 8, bytes_per_token = a.words * 4;
+        for (int e = threadIdx.x; e < a.m * nb; e += blockDim.x) {
+            const int t = e / nb, b = e - t * nb;
+            if (byte0 + b >= bytes_per_token) continue;
+            uint32_t byte = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) byte |= static_cast<uint32_t>(tokens_of[8 * b + i] >> t & 1u) << i;
+            reinterpret_cast<uint8_t *>(a.masks + t * a.words)[byte0 + b] = static_cast<uint8_t>(byte);
+        }
+    }
+    if (!a.gated) return;  // plain FFN: h = g, written above
+
+    // 3. the active units in order; their Wd rows asked of L2 for serve_token; U over them alone
+    if (warp == 0) {
+        int n = 0;
+        for (int base = 0; base < nu; base += 32) {
+            const bool on = base + lane < nu && tokens_of[base + lane] != 0;
+            const unsigned ballot = __ballot_sync(kFullMask, on);
+            if (on) list[n + __popc(ballot & ((1u << lane) - 1u))] = base + lane;
+            n += __popc(ballot);
+        }
+        if (lane == 0) list_count = n;
+    }
+    __syncthreads();
+    const int count = list_count;
+    if (count == 0) return;
+    for (int i = warp; i < count; i += nw) {
+        const T *wd = a.pair + (unit0 + list[i]) * a.pair_stride + a.dp;
+        for (int64_t k = lane * 64; k < a.dp; k += 32 * 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wd + k));
+    }
+    const int utiles = (count + 7) / 8;
+    run_pass([&](int i) -> const T * { return i < count ? a.pair + (unit0 + list[i]) * a.pair_stride : nullptr; },
+             8 * utiles, utiles);
+    float *zu = reinterpret_cast<float *>(ring);  // the ring is free after the pass
+    store(zu, utiles);
+
+    // 4. h of the active pairs over the gate buffer
+    for (int e = threadIdx.x; e < count * a.m; e += blockDim.x) {
+        const int i = e / a.m, t = e - i * a.m;
+        const int u = list[i];
+        if (!(tokens_of[u] >> t & 1u)) continue;
+        const float h = round_to<T>(z[u * (MP + 1) + t] * round_to<T>(zu[i * (MP + 1) + t]));
+        a.gate[t * a.ldg + unit0 + u] = Value<T>::from_float(h);
+    }
+}
+
+}  // namespace twblas::cuda
