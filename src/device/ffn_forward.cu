@@ -162,16 +162,16 @@ template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, con
 template <class T>
 bool launch_serve_wide(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const ServeArgs<T> &a) {
     const int tiles = a.m <= 32 ? 2 : 4;
-    const int warps = heuristics::serve_wide_warps(p.h, st.sm_count);
+    const int nu = heuristics::serve_wide_units(p.h, st.sm_count);
     int bk = 128;
-    if (serve_wide_smem(tiles, warps, bk) > static_cast<size_t>(st.smem_optin)) bk = 64;
-    const size_t smem = serve_wide_smem(tiles, warps, bk);
+    if (serve_wide_smem(tiles, nu, bk) > static_cast<size_t>(st.smem_optin)) bk = 64;
+    const size_t smem = serve_wide_smem(tiles, nu, bk);
     if (smem > static_cast<size_t>(st.smem_optin)) return false;
     // blocks over every byte of the mask words (units past h give zero bytes)
-    const dim3 grid(static_cast<unsigned>(ceil_div(a.words * 32, 16 * warps))), block(32 * warps);
+    const dim3 grid(static_cast<unsigned>(ceil_div(a.words * 32, nu))), block(kWideThreads);
     auto *kernel = tiles == 2 ? serve_wide<T, 2> : serve_wide<T, 4>;
     allow_dynamic_smem(kernel, smem);
-    kernel<<<grid, block, smem, stream>>>(a, bk);
+    kernel<<<grid, block, smem, stream>>>(a, nu, bk);
     check_launch("serve_wide");
     return true;
 }

@@ -55,8 +55,9 @@ constexpr int64_t kServeWideMaxTokens = TWBLAS_SERVE_WIDE_MAX_TOKENS;
 constexpr int64_t kServeWideMaxTokens = 64;
 #endif
 static_assert(kServeWideMaxTokens <= 64, "serve_wide keeps a unit's tokens in a 64-bit mask");
-/// serve_wide's warps a block (16 units each): about one block an SM over the units, at most 8.
-int serve_wide_warps(int64_t units, int sm_count);
+/// serve_wide's units a block: a multiple of 16 (a warp's MMA tiles), about one block an SM, at
+/// most 128 (eight MMA warps).
+int serve_wide_units(int64_t units, int sm_count);
 
 /// serve_token's warps per block: 16 (one 512-thread block an SM at 116 registers and 45 KB of
 /// shared memory) up to this many tokens, 8 (two 256-thread blocks an SM, twice the splits) from

@@ -4,7 +4,7 @@
 // token's units, read its Wu rows and form h in a chain of steps per block (bench/NOTES.md: the
 // chain, not the bytes, set M = 64's time).
 //
-// A block per 16 * warps consecutive units (about one block an SM), all of the call's tokens:
+// A block per nu consecutive units (about one block an SM), all of the call's tokens:
 //   1. the gate: Z = X Wg^T over its units on tensor cores, X and the Wg rows staged together in
 //      a ring of cp.async stages (Wg streamed once from DRAM, X read from L2 by every block);
 //   2. its epilogue: g rounded to T, each unit's tokens as a bit mask, g (plain FFN) or 0
@@ -13,8 +13,8 @@
 //   3. the units active for some token listed in order, their Wd rows asked of L2 for
 //      serve_token, and U = X Wu^T over them alone through the same ring (each Wu row read once);
 //   4. h = g u (T-rounded, as serve_gate) into the gate buffer for the active pairs.
-// Warps split the units (two 8-unit MMA tiles each) and take every token tile, so the sums run
-// over K in one fixed order: deterministic bits.
+// Warps split the (8 units, 16 tokens) MMA tiles, each summed over K in one fixed order:
+// deterministic bits.
 #pragma once
 
 #include "common/async_copy.cuh"
@@ -23,25 +23,31 @@
 namespace twblas::cuda {
 
 constexpr int kWideStages = 4;
-constexpr int kWideTilesPerWarp = 2;  // 8-unit MMA tiles: a warp's 16 units
+/// Threads a block: every one issues the stages' copies (bk / 8 of them a row) and takes a share of
+/// the MMAs.
+constexpr int kWideThreads = 256;
+/// Staged rows a thread copies: (64 x rows + 128 weight rows) / (256 threads / 16 columns).
+constexpr int kWideRowsMax = 12;
+/// MMA items (8 units x 16 tokens) a warp: 16 n-tiles x 4 token tiles over 8 warps.
+constexpr int kWideItemsMax = 8;
 /// Elements added to every staged row (k per stage + this): rows 64 bytes apart modulo 128, so the
 /// 16-byte reads of a quarter warp (two rows, four k chunks) fall on distinct banks.
 constexpr int kWidePad = 32;
 
 /// Dynamic shared memory of a launch: the ring, then z (units x tokens fp32), the units' token
 /// masks and the list of active units.
-inline size_t serve_wide_smem(int token_tiles, int warps, int bk) {
-    const size_t mp = 16 * static_cast<size_t>(token_tiles), nu = 16 * static_cast<size_t>(warps);
+inline size_t serve_wide_smem(int token_tiles, int units, int bk) {
+    const size_t mp = 16 * static_cast<size_t>(token_tiles), nu = static_cast<size_t>(units);
     return kWideStages * (mp + nu) * (bk + kWidePad) * 2 + nu * (mp + 1) * 4 + nu * 8 + nu * 4;
 }
 
-/// MT 16-token tiles (M <= 16 MT <= 64: a unit's tokens fit one 64-bit mask). `bk`: k per stage,
-/// a multiple of 32. Launched with 16 * warps units a block and serve_wide_smem bytes.
-template <class T, int MT> __global__ void __launch_bounds__(256) serve_wide(ServeArgs<T> a, int bk) {
+/// MT 16-token tiles (M <= 16 MT <= 64: a unit's tokens fit one 64-bit mask); `nu` units a block, a
+/// multiple of 16 up to 128; `bk` k a stage, 64 or 128. Launched with kWideThreads threads and
+/// serve_wide_smem bytes.
+template <class T, int MT> __global__ void __launch_bounds__(kWideThreads) serve_wide(ServeArgs<T> a, int nu, int bk) {
     static_assert(MT >= 1 && MT <= 4, "a unit's tokens in one 64-bit mask");
-    constexpr int MP = 16 * MT, NTW = kWideTilesPerWarp;
+    constexpr int MP = 16 * MT;
     extern __shared__ __align__(16) unsigned char smem[];
-    const int nw = static_cast<int>(blockDim.x / 32), nu = 16 * nw;
     const int warp = static_cast<int>(threadIdx.x / 32), lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int rs = bk + kWidePad;  // elements a staged row
     const int stage_elems = (MP + nu) * rs;
@@ -56,73 +62,85 @@ template <class T, int MT> __global__ void __launch_bounds__(256) serve_wide(Ser
     const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * nu;
     if (blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;
 
-    // stage `slot`: k [k0, k0 + bk) of the MP x rows (zeros past m and d) and of `wrows` weight rows
-    // (row_of(i), or zeros where it is null; dp-padded rows, so whole 16-byte chunks)
-    auto load_stage = [&](int slot, int64_t k0, auto row_of, int wrows) {
-        T *st = ring + slot * stage_elems;
-        const int cpr = bk / 8;
-        const int total = (MP + wrows) * cpr;
-        for (int e = threadIdx.x; e < total; e += blockDim.x) {
-            const int r = e / cpr, c = e - r * cpr;
-            const int64_t k = k0 + c * 8;
-            const void *src = a.x;
-            int bytes = 0;
+    // The stages' copies: every thread keeps one 16-byte column of a stage and up to kWideRowsMax of
+    // its rows (r0, r0 + row_step, ...), whose sources are set once a pass (`bind`): the MP x rows
+    // (zeros past m and d), then `wrows` weight rows (row_of(i), or zeros where it is null; they are
+    // dp-padded, so whole chunks). A copy is then a few instructions.
+    const int cpr = bk / 8, row_step = kWideThreads / cpr, col = threadIdx.x % cpr, r0 = threadIdx.x / cpr;
+    const T *src_row[kWideRowsMax];
+    unsigned x_rows = 0;  // bit j: row j of this thread is an x row
+    int rows_total = 0;
+    auto bind = [&](auto row_of, int wrows) {
+        rows_total = MP + wrows;
+        x_rows = 0;
+#pragma unroll
+        for (int j = 0; j < kWideRowsMax; ++j) {
+            const int r = r0 + j * row_step;
+            src_row[j] = nullptr;
             if (r < MP) {
-                if (r < a.m && k < a.d) {
-                    src = a.x + r * a.x_rs + k;
-                    bytes = static_cast<int>(min(int64_t{16}, (a.d - k) * 2));
-                }
-            } else if (const T *row = row_of(r - MP); row && k < a.dp) {
-                src = row + k;
-                bytes = 16;
+                x_rows |= 1u << j;
+                if (r < a.m) src_row[j] = a.x + r * a.x_rs;
+            } else if (r < rows_total) {
+                src_row[j] = row_of(r - MP);
             }
-            cp_async16_zfill(st + r * rs + c * 8, src, bytes);
+        }
+    };
+    auto load_stage = [&](int slot, int64_t k0) {
+        T *dst = ring + slot * stage_elems + col * 8;
+        const int64_t k = k0 + col * 8;
+        const int xbytes = k < a.d ? static_cast<int>(min(int64_t{16}, (a.d - k) * 2)) : 0;
+        const int wbytes = k < a.dp ? 16 : 0;
+#pragma unroll
+        for (int j = 0; j < kWideRowsMax; ++j) {
+            const int r = r0 + j * row_step;
+            if (r >= rows_total) break;
+            const int bytes = src_row[j] ? (x_rows >> j & 1u ? xbytes : wbytes) : 0;
+            cp_async16_zfill(dst + r * rs, bytes ? src_row[j] + k : a.x, bytes);
         }
     };
     using Mma = typename MmaOf<T>::Op;
-    float acc[MT][NTW][4];
-    // acc = X W^T over every k for this warp's tiles (tile index < ntiles) of the staged weight rows.
-    // Each lane reads 8 consecutive k of a row and feeds them to the MMA as k 2q, 2q + 1, 2q + 8,
-    // 2q + 9 of two k16 steps (serve_tile_dots's arrangement; a dot product's k order is free).
+    // The MMA work of a pass: items (n-tile of 8 staged weight rows, m-tile of 16 tokens), item i
+    // for warp i % 8, so that every warp takes a share (the gate's 6 x 4 items at the paper's shape,
+    // three a warp; the up pass's few n-tiles x 4 token tiles).
+    constexpr int J = kWideItemsMax;
+    float acc[J][4];
+    // acc = X W^T over every k for this warp's items. Each lane reads 8 consecutive k of a row and
+    // feeds them to the MMA as k 2q, 2q + 1, 2q + 8, 2q + 9 of two k16 steps (serve_tile_dots's
+    // arrangement; a dot product's k order is free).
     auto run_pass = [&](auto row_of, int wrows, int ntiles) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int j = 0; j < J; ++j)
 #pragma unroll
-            for (int nt = 0; nt < NTW; ++nt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+            for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+        bind(row_of, wrows);
         const int ks = static_cast<int>((a.dp + bk - 1) / bk);
-        const bool busy = warp * NTW < ntiles;
+        const int items = ntiles * MT;
         for (int s = 0; s < kWideStages - 1; ++s) {
-            if (s < ks) load_stage(s, static_cast<int64_t>(s) * bk, row_of, wrows);
+            if (s < ks) load_stage(s, static_cast<int64_t>(s) * bk);
             cp_async_commit();
         }
         for (int kb = 0; kb < ks; ++kb) {
             cp_async_wait<kWideStages - 2>();
             __syncthreads();  // stage kb is in, and every warp is done with the slot refilled next
             const int next = kb + kWideStages - 1;
-            if (next < ks) load_stage(next % kWideStages, static_cast<int64_t>(next) * bk, row_of, wrows);
+            if (next < ks) load_stage(next % kWideStages, static_cast<int64_t>(next) * bk);
             cp_async_commit();
-            if (!busy) continue;
             const T *st = ring + (kb % kWideStages) * stage_elems;
             for (int c = 0; c < bk / 32; ++c) {
                 const int kc = c * 32 + q * 8;
-                uint4 bv[NTW];
 #pragma unroll
-                for (int nt = 0; nt < NTW; ++nt)
-                    bv[nt] = *reinterpret_cast<const uint4 *>(st + (MP + (warp * NTW + nt) * 8 + g) * rs + kc);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
+                for (int j = 0; j < J; ++j) {
+                    const int item = warp + j * (kWideThreads / 32);
+                    if (item >= items) break;  // the same for the whole warp
+                    const int nt = item / MT, mt = item - nt * MT;
+                    const uint4 bv = *reinterpret_cast<const uint4 *>(st + (MP + nt * 8 + g) * rs + kc);
                     const uint4 lo = *reinterpret_cast<const uint4 *>(st + (16 * mt + g) * rs + kc);
                     const uint4 hi = *reinterpret_cast<const uint4 *>(st + (16 * mt + g + 8) * rs + kc);
 #pragma unroll
                     for (int s = 0; s < 2; ++s)
-#pragma unroll
-                        for (int nt = 0; nt < NTW; ++nt)
-                            Mma::fma(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3], word_of(lo, 2 * s),
-                                     word_of(hi, 2 * s), word_of(lo, 2 * s + 1), word_of(hi, 2 * s + 1),
-                                     word_of(bv[nt], 2 * s), word_of(bv[nt], 2 * s + 1), acc[mt][nt][0],
-                                     acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]);
+                        Mma::fma(acc[j][0], acc[j][1], acc[j][2], acc[j][3], word_of(lo, 2 * s), word_of(hi, 2 * s),
+                                 word_of(lo, 2 * s + 1), word_of(hi, 2 * s + 1), word_of(bv, 2 * s),
+                                 word_of(bv, 2 * s + 1), acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
                 }
             }
         }
@@ -130,18 +148,17 @@ template <class T, int MT> __global__ void __launch_bounds__(256) serve_wide(Ser
         __syncthreads();  // the ring is free
     };
     // the pass's sums into `dst` ([row][token], MP + 1 apart): accumulator i of lane l is token
-    // 16 mt + l / 4 (+ 8 for i >= 2) and row 8 tile + 2 (l % 4) + i % 2
+    // 16 mt + l / 4 (+ 8 for i >= 2) and row 8 nt + 2 (l % 4) + i % 2
     auto store = [&](float *dst, int ntiles) {
-        if (warp * NTW < ntiles)
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+        for (int j = 0; j < J; ++j) {
+            const int item = warp + j * (kWideThreads / 32);
+            if (item >= ntiles * MT) break;
+            const int nt = item / MT, mt = item - nt * MT;
 #pragma unroll
-                for (int nt = 0; nt < NTW; ++nt)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const int row = (warp * NTW + nt) * 8 + 2 * q + (i & 1), token = 16 * mt + g + 8 * (i >> 1);
-                        dst[row * (MP + 1) + token] = acc[mt][nt][i];
-                    }
+            for (int i = 0; i < 4; ++i)
+                dst[(8 * nt + 2 * q + (i & 1)) * (MP + 1) + 16 * mt + g + 8 * (i >> 1)] = acc[j][i];
+        }
         __syncthreads();
     };
 
@@ -197,7 +214,7 @@ template <class T, int MT> __global__ void __launch_bounds__(256) serve_wide(Ser
     __syncthreads();
     const int count = list_count;
     if (count == 0) return;
-    for (int i = warp; i < count; i += nw) {
+    for (int i = warp; i < count; i += kWideThreads / 32) {
         const T *wd = a.pair + (unit0 + list[i]) * a.pair_stride + a.dp;
         for (int64_t k = lane * 64; k < a.dp; k += 32 * 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wd + k));
     }
