@@ -157,8 +157,9 @@ template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, con
     check_launch("serve_gate");
 }
 
-/// serve_wide for the call's tokens (kServeGateMaxTokens < M <= kServeWideMaxTokens) if its ring
-/// fits the GPU's shared memory, at 128 k a stage or else 64; false where it does not fit.
+/// serve_wide for the call's tokens (kServeGateMaxTokens < M <= kServeWideMaxTokens) on an sm_90+
+/// GPU running sm_90 code, if its ring fits the GPU's shared memory at 128 k a stage or else 64;
+/// false where it does not run.
 template <class T>
 bool launch_serve_wide(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const ServeArgs<T> &a) {
     const int tiles = a.m <= 32 ? 2 : 4;
@@ -166,7 +167,7 @@ bool launch_serve_wide(cudaStream_t stream, const CudaFfnState &st, const FfnPro
     int bk = 128;
     if (serve_wide_smem(tiles, nu, bk) > static_cast<size_t>(st.smem_optin)) bk = 64;
     const size_t smem = serve_wide_smem(tiles, nu, bk);
-    if (smem > static_cast<size_t>(st.smem_optin)) return false;
+    if (!st.pdl || smem > static_cast<size_t>(st.smem_optin)) return false;  // bulk copies: sm_90 code on sm_90+
     // blocks over every byte of the mask words (units past h give zero bytes)
     const dim3 grid(static_cast<unsigned>(ceil_div(a.words * 32, nu))), block(kWideThreads);
     auto *kernel = tiles == 2 ? serve_wide<T, 2> : serve_wide<T, 4>;

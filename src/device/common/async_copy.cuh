@@ -18,12 +18,6 @@ __device__ inline void cp_async16(void *dst, const void *src, uint64_t policy) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "l"(policy));
 }
-/// 16 bytes of which the first `bytes` (0 to 16) come from `src` and the rest are zeros: a staged
-/// row's tail past its matrix, or a whole row that does not exist (`bytes` 0; `src` any address).
-__device__ inline void cp_async16_zfill(void *dst, const void *src, int bytes) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes));
-}
 __device__ inline void cp_async4(void *dst, const void *src) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));

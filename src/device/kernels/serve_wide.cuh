@@ -17,7 +17,9 @@
 // deterministic bits.
 #pragma once
 
-#include "common/async_copy.cuh"
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cutlass/arch/barrier.h>
+
 #include "kernels/serve.cuh"
 
 namespace twblas::cuda {
@@ -26,8 +28,6 @@ constexpr int kWideStages = 4;
 /// Threads a block: every one issues the stages' copies (bk / 8 of them a row) and takes a share of
 /// the MMAs.
 constexpr int kWideThreads = 256;
-/// Staged rows a thread copies: (64 x rows + 128 weight rows) / (256 threads / 16 columns).
-constexpr int kWideRowsMax = 12;
 /// MMA items (8 units x 16 tokens) a warp: 16 n-tiles x 4 token tiles over 8 warps.
 constexpr int kWideItemsMax = 8;
 /// Elements added to every staged row (k per stage + this): rows 64 bytes apart modulo 128, so the
@@ -46,6 +46,10 @@ inline size_t serve_wide_smem(int token_tiles, int units, int bk) {
 /// serve_wide_smem bytes.
 template <class T, int MT> __global__ void __launch_bounds__(kWideThreads) serve_wide(ServeArgs<T> a, int nu, int bk) {
     static_assert(MT >= 1 && MT <= 4, "a unit's tokens in one 64-bit mask");
+    static_assert(kWideThreads >= 64 + 128, "a thread a staged row");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    return;  // bulk copies: launch_serve_wide launches it on sm_90 and later only
+#else
     constexpr int MP = 16 * MT;
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = static_cast<int>(threadIdx.x / 32), lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -61,43 +65,61 @@ template <class T, int MT> __global__ void __launch_bounds__(kWideThreads) serve
     allow_dependent_launch();
     const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * nu;
     if (blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;
+    __shared__ alignas(8) uint64_t full[kWideStages];  // a slot's bulk copies have landed
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kWideStages; ++s) cutlass::arch::ClusterTransactionBarrier::init(&full[s], 1);
+        cutlass::arch::fence_barrier_init();
+    }
+    // x rows past m are zeros in every slot (no copy writes them)
+    for (int s = 0; s < kWideStages; ++s)
+        for (int e = (a.m + static_cast<int>(threadIdx.x / (bk / 8))) * rs + threadIdx.x % (bk / 8) * 8; e < MP * rs;
+             e += kWideThreads / (bk / 8) * rs)
+            *reinterpret_cast<uint4 *>(ring + s * stage_elems + e) = make_uint4(0, 0, 0, 0);
+    __syncthreads();
 
-    // The stages' copies: every thread keeps one 16-byte column of a stage and up to kWideRowsMax of
-    // its rows (r0, r0 + row_step, ...), whose sources are set once a pass (`bind`): the MP x rows
-    // (zeros past m and d), then `wrows` weight rows (row_of(i), or zeros where it is null; they are
-    // dp-padded, so whole chunks). A copy is then a few instructions.
-    const int cpr = bk / 8, row_step = kWideThreads / cpr, col = threadIdx.x % cpr, r0 = threadIdx.x / cpr;
-    const T *src_row[kWideRowsMax];
-    unsigned x_rows = 0;  // bit j: row j of this thread is an x row
-    int rows_total = 0;
+    // The stages' copies (sm_90 bulk copies, each completing on its slot's barrier): thread r copies
+    // staged row r of every stage, the MP x rows (rows past m stay zero, set once below) and then
+    // `wrows` weight rows (row_of(i); null: zeros). Bulk copies move whole 16-byte chunks, so the
+    // thread writes what they cannot itself: x's partial chunk at d, and the zeros past d (x) or dp
+    // (weights) in the last stages. Those plain stores are read a barrier later at the earliest.
+    const T *src_row = nullptr;  // this thread's row of the pass, null for zeros or no row
+    bool x_row = false, has_row = false;
+    int copied_rows = 0;  // rows with a source: the stage's expected bytes
     auto bind = [&](auto row_of, int wrows) {
-        rows_total = MP + wrows;
-        x_rows = 0;
-#pragma unroll
-        for (int j = 0; j < kWideRowsMax; ++j) {
-            const int r = r0 + j * row_step;
-            src_row[j] = nullptr;
-            if (r < MP) {
-                x_rows |= 1u << j;
-                if (r < a.m) src_row[j] = a.x + r * a.x_rs;
-            } else if (r < rows_total) {
-                src_row[j] = row_of(r - MP);
+        const int r = static_cast<int>(threadIdx.x);
+        x_row = r < MP;
+        has_row = r < MP + wrows;
+        src_row = nullptr;
+        if (x_row && r < a.m) src_row = a.x + r * a.x_rs;
+        if (!x_row && has_row) src_row = row_of(r - MP);
+        copied_rows = __syncthreads_count(!x_row && src_row != nullptr);
+    };
+    const int64_t d_whole = a.d / 8 * 8;  // x's whole chunks
+    auto load_stage = [&](int slot, int64_t k0) {
+        const int64_t x_end = min(k0 + bk, d_whole), w_end = min(k0 + bk, a.dp);
+        const int xb = static_cast<int>(max(int64_t{0}, x_end - k0) * 2), wb = static_cast<int>((w_end - k0) * 2);
+        if (threadIdx.x == 0)
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[slot], static_cast<uint32_t>(
+                                                                           min(a.m, MP) * xb + copied_rows * wb));
+        if (!has_row || (x_row && static_cast<int>(threadIdx.x) >= a.m)) return;
+        T *dst = ring + slot * stage_elems + threadIdx.x * rs;
+        const int bytes = x_row ? xb : (src_row ? wb : 0);
+        if (bytes) cute::SM90_BULK_COPY_G2S::copy(src_row + k0, &full[slot], dst, bytes);
+        int e = bytes / 2;  // first element not copied
+        if (x_row && k0 + e < a.d && e < bk) {  // x's partial chunk at d: its values, zeros after
+            uint4 v = serve_x_chunk(src_row, k0 + e, a.d);
+            *reinterpret_cast<uint4 *>(dst + e) = v;
+            e += 8;
+            if (e >= bk) {
+                cutlass::arch::fence_view_async_shared();
+                return;
             }
         }
+        if (e == bk) return;
+        for (; e < bk; e += 8) *reinterpret_cast<uint4 *>(dst + e) = make_uint4(0, 0, 0, 0);
+        cutlass::arch::fence_view_async_shared();  // before a later bulk copy into these bytes
     };
-    auto load_stage = [&](int slot, int64_t k0) {
-        T *dst = ring + slot * stage_elems + col * 8;
-        const int64_t k = k0 + col * 8;
-        const int xbytes = k < a.d ? static_cast<int>(min(int64_t{16}, (a.d - k) * 2)) : 0;
-        const int wbytes = k < a.dp ? 16 : 0;
-#pragma unroll
-        for (int j = 0; j < kWideRowsMax; ++j) {
-            const int r = r0 + j * row_step;
-            if (r >= rows_total) break;
-            const int bytes = src_row[j] ? (x_rows >> j & 1u ? xbytes : wbytes) : 0;
-            cp_async16_zfill(dst + r * rs, bytes ? src_row[j] + k : a.x, bytes);
-        }
-    };
+    int issued = 0;  // stages issued by earlier passes
     using Mma = typename MmaOf<T>::Op;
     // The MMA work of a pass: items (n-tile of 8 staged weight rows, m-tile of 16 tokens), item i
     // for warp i % 8, so that every warp takes a share (the gate's 6 x 4 items at the paper's shape,
@@ -115,17 +137,19 @@ template <class T, int MT> __global__ void __launch_bounds__(kWideThreads) serve
         bind(row_of, wrows);
         const int ks = static_cast<int>((a.dp + bk - 1) / bk);
         const int items = ntiles * MT;
-        for (int s = 0; s < kWideStages - 1; ++s) {
-            if (s < ks) load_stage(s, static_cast<int64_t>(s) * bk);
-            cp_async_commit();
-        }
+        // stages are numbered across the passes (`issued`), so each slot's barrier phase follows.
+        // Each block starts at its own k stage and wraps around (a fixed order per unit, so the bits
+        // stay deterministic): blocks in step would all ask L2 for the same x lines at once.
+        const int rot = static_cast<int>(blockIdx.x % ks);
+        auto k_of = [&](int stage) { return static_cast<int64_t>((stage + rot) % ks) * bk; };
+        for (int s = 0; s < kWideStages - 1 && s < ks; ++s) load_stage((issued + s) % kWideStages, k_of(s));
         for (int kb = 0; kb < ks; ++kb) {
-            cp_async_wait<kWideStages - 2>();
-            __syncthreads();  // stage kb is in, and every warp is done with the slot refilled next
+            __syncthreads();  // every warp is done with the slot refilled next; its plain stores are seen
             const int next = kb + kWideStages - 1;
-            if (next < ks) load_stage(next % kWideStages, static_cast<int64_t>(next) * bk);
-            cp_async_commit();
-            const T *st = ring + (kb % kWideStages) * stage_elems;
+            if (next < ks) load_stage((issued + next) % kWideStages, k_of(next));
+            const int n = issued + kb;
+            cutlass::arch::ClusterBarrier::wait(&full[n % kWideStages], (n / kWideStages) & 1);
+            const T *st = ring + (n % kWideStages) * stage_elems;
             for (int c = 0; c < bk / 32; ++c) {
                 const int kc = c * 32 + q * 8;
 #pragma unroll
@@ -144,7 +168,7 @@ template <class T, int MT> __global__ void __launch_bounds__(kWideThreads) serve
                 }
             }
         }
-        cp_async_wait<0>();
+        issued += ks;
         __syncthreads();  // the ring is free
     };
     // the pass's sums into `dst` ([row][token], MP + 1 apart): accumulator i of lane l is token
@@ -232,6 +256,7 @@ template <class T, int MT> __global__ void __launch_bounds__(kWideThreads) serve
         const float h = round_to<T>(z[u * (MP + 1) + t] * round_to<T>(zu[i * (MP + 1) + t]));
         a.gate[t * a.ldg + unit0 + u] = Value<T>::from_float(h);
     }
+#endif
 }
 
 }  // namespace twblas::cuda
