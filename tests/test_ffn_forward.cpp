@@ -81,11 +81,10 @@ TEST_CASE("forward: odd shapes and layouts", "[ffn][forward]" TWTEST_BACKEND_TAG
 
 TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile", "[ffn][forward][serving]" TWTEST_BACKEND_TAG) {
     // The CUDA backend's serving path (kernels/serve.cuh): its own gate and serve_down up to 16
-    // tokens (x rows of 8 and 16 tokens); serve_wide's gate and h (token tiles of 32 and 64:
-    // 17, 21, 32, 33, 48, 64) or cuBLAS's gate, then serve_token up to 256 (4, 2 and 1 column
-    // splits; one with a hidden output); past that the cuBLAS-gate paths. D = 203 (x rows padded
-    // to 208, so they start on 16 bytes but end in a partial chunk), H = 1001 (a partial last
-    // mask word and TwELL tile).
+    // tokens (x rows of 8 and 16 tokens), cuBLAS's gate with serve_token up to 256 (4, 2 and 1
+    // column splits; one with a hidden output; 17 the first token past serve_gate); past that the
+    // cuBLAS-gate paths. D = 203 (x rows padded to 208, so they start on 16 bytes but end in a
+    // partial chunk), H = 1001 (a partial last mask word and TwELL tile).
     uint64_t seed = 900;
     for (int64_t m : {1, 2, 3, 5, 8, 13, 17, 21, 32, 33, 48, 64, 100, 257, 512})
         for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})

@@ -75,7 +75,6 @@ DeviceInfo current_device_info() {
     int major = 0;
     if (cudaGetDevice(&info.device) == cudaSuccess) {
         cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, info.device);
-        cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, info.device);
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, info.device);
     }
     info.masked_gate = masked_gate_gemm_built() && major == 9;

@@ -31,7 +31,6 @@
 #include "kernels/pack.cuh"
 #include "kernels/saved_state.cuh"
 #include "kernels/serve.cuh"
-#include "kernels/serve_wide.cuh"
 #include "kernels/two_pass.cuh"
 #include "sparse_ops.hpp"
 
@@ -157,26 +156,6 @@ template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, con
     check_launch("serve_gate");
 }
 
-/// serve_wide for the call's tokens (kServeGateMaxTokens < M <= kServeWideMaxTokens) on an sm_90+
-/// GPU running sm_90 code, if its ring fits the GPU's shared memory at 128 k a stage or else 64;
-/// false where it does not run.
-template <class T>
-bool launch_serve_wide(cudaStream_t stream, const CudaFfnState &st, const FfnProblem &p, const ServeArgs<T> &a) {
-    const int tiles = a.m <= 32 ? 2 : 4;
-    const int nu = heuristics::serve_wide_units(p.h, st.sm_count);
-    int bk = 128;
-    if (serve_wide_smem(tiles, nu, bk) > static_cast<size_t>(st.smem_optin)) bk = 64;
-    const size_t smem = serve_wide_smem(tiles, nu, bk);
-    if (!st.pdl || smem > static_cast<size_t>(st.smem_optin)) return false;  // bulk copies: sm_90 code on sm_90+
-    // blocks over every byte of the mask words (units past h give zero bytes)
-    const dim3 grid(static_cast<unsigned>(ceil_div(a.words * 32, nu))), block(kWideThreads);
-    auto *kernel = tiles == 2 ? serve_wide<T, 2> : serve_wide<T, 4>;
-    allow_dynamic_smem(kernel, smem);
-    kernel<<<grid, block, smem, stream>>>(a, nu, bk);
-    check_launch("serve_wide");
-    return true;
-}
-
 template <class T>
 void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnWeights &w,
                   const MatrixArg &x, const GemmOperand &xg, const MatrixArg &y, const FfnScratch &s,
@@ -195,13 +174,9 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
     if (p.m > heuristics::kServeGateMaxTokens) {
-        // serve_wide (it zeroes serve_finish_row's ticket, forms g, h and the masks), or the ticket
-        // zeroed and cuBLAS's gate GEMM (z rounded to T); then serve_token
-        a.h_formed = p.m <= heuristics::kServeWideMaxTokens && launch_serve_wide<T>(stream, st, p, a);
-        if (!a.h_formed) {
-            check(cudaMemsetAsync(a.ticket, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
-            run_gate_gemm(stream, st, p, xg, s);
-        }
+        // serve_finish_row's ticket zeroed, cuBLAS's gate GEMM (z rounded to T), then serve_token
+        check(cudaMemsetAsync(a.ticket, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
+        run_gate_gemm(stream, st, p, xg, s);
         const int warps = heuristics::serve_token_warps(p.m, write_h);
         const int splits = heuristics::serve_token_splits(p.m, p.dp, write_h, warps);
         const int64_t per_split = ceil_div(p.dp / Chunk<T>::n, int64_t{splits});  // chunks a block

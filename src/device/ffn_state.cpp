@@ -35,7 +35,6 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const Device
              static_cast<long long>(kMaxSparseCols), static_cast<long long>(p.h));
     auto st = std::make_unique<CudaFfnState>();
     st->sm_count = device.sm_count;
-    st->smem_optin = device.smem_optin;
     st->device = device.device;
     st->masked_gate = device.masked_gate;
     st->pdl = device.pdl;

@@ -71,7 +71,6 @@ struct CudaFfnState final : FfnState {
     DeviceBuffer counts;              // per-unit activation counts (H x int64)
     MappedHost<FfnFeedback> feedback;  // the finishing kernel publishes the statistics here
     int sm_count = 132;
-    int smem_optin = 48 * 1024;  // DeviceInfo::smem_optin
     int device = 0;
     bool masked_gate = false;  // the masked gate GEMM runs here (built for sm_90a, an sm_90 GPU)
     bool pdl = false;          // DeviceInfo::pdl

@@ -18,11 +18,6 @@ bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidde
     return static_cast<double>(tokens) * mean_active <= kDenseModeGatherShare * static_cast<double>(hidden_dim);
 }
 
-int serve_wide_units(int64_t units, int sm_count) {
-    const int64_t per_sm = (units + sm_count - 1) / std::max(1, sm_count);
-    return 16 * static_cast<int>(std::clamp<int64_t>((per_sm + 15) / 16, 1, 8));
-}
-
 int serve_token_warps(int64_t tokens, bool writes_h) {
     return tokens >= kServeTokenNarrowMinTokens && !writes_h ? 8 : 16;
 }

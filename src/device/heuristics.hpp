@@ -46,19 +46,6 @@ constexpr int64_t kServeGateMaxTokens = TWBLAS_SERVE_GATE_MAX_TOKENS;
 #else
 constexpr int64_t kServeGateMaxTokens = 16;
 #endif
-/// From kServeGateMaxTokens + 1 to this many tokens (at most 64) the gate and h are serve_wide's
-/// (kernels/serve_wide.cuh), and serve_token only gathers the down rows; past it cuBLAS's gate
-/// GEMM and serve_token's whole chain. 0 turns serve_wide off (-DTWBLAS_SERVE_WIDE_MAX_TOKENS=N).
-#ifdef TWBLAS_SERVE_WIDE_MAX_TOKENS
-constexpr int64_t kServeWideMaxTokens = TWBLAS_SERVE_WIDE_MAX_TOKENS;
-#else
-constexpr int64_t kServeWideMaxTokens = 64;
-#endif
-static_assert(kServeWideMaxTokens <= 64, "serve_wide keeps a unit's tokens in a 64-bit mask");
-/// serve_wide's units a block: a multiple of 16 (a warp's MMA tiles), about one block an SM, at
-/// most 128 (eight MMA warps).
-int serve_wide_units(int64_t units, int sm_count);
-
 /// serve_token's warps per block: 16 (one 512-thread block an SM at 116 registers and 45 KB of
 /// shared memory) up to this many tokens, 8 (two 256-thread blocks an SM, twice the splits) from
 /// it on, unless the launch writes the hidden output (one split, whose wide rows need 16 warps).

@@ -7,7 +7,6 @@ namespace twblas::cuda {
 struct DeviceInfo {
     int device = 0;
     int sm_count = 132;
-    int smem_optin = 48 * 1024;  // shared memory a block may take (cudaDevAttrMaxSharedMemoryPerBlockOptin)
     bool masked_gate = false;  // the masked gate GEMM runs here (built for sm_90a, an sm_90 GPU)
     bool pdl = false;  // programmatic dependent launch: an sm_90+ GPU running code compiled for
                        // compute_90+ (the kernels' grid-dependency calls exist only there)

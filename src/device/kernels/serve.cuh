@@ -37,8 +37,6 @@ template <class T> struct ServeArgs {
     const T *pair;   // [Wu_j | Wd_j] (gated) or [Wd_j]
     int64_t pair_stride;
     bool gated, write_h;
-    bool h_formed;  // serve_wide ran before serve_token: the gate buffer holds h (0 elsewhere), the
-                    // masks are written and the units counted
     T *gate;  // M x ldg: g of the active units, 0 elsewhere; h over g when write_h
     int64_t ldg;
     uint32_t *masks;  // M x words: bit b of word w of token t: unit 32 w + b is active
@@ -438,8 +436,6 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
 // output; the launch then uses one split, as split 0 would write h where the others read g) and
 // the token's statistics, and the grid's last token block the step's. Rows longer than the list
 // go in windows. A fixed order everywhere, so the bits are deterministic.
-// After serve_wide (h_formed) steps 1 and 3's dot products are skipped: the words come from the
-// masks it wrote, and the gate buffer already holds h.
 // W warps a block (heuristics::serve_token_warps), V of the split's 16-byte chunks a thread.
 constexpr int kServeTokenCap = 512, kServeTokenBatch = 8;
 
@@ -459,8 +455,7 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
     const bool counts_row = split == 0;
     const int nchunks = static_cast<int>(a.dp / E);
     const T *xrow = a.x + t * a.x_rs;
-    if (!a.h_formed)
-        for (int c = tid; c < nchunks; c += NT) xs[c] = serve_x_chunk(xrow, static_cast<int64_t>(c) * E, a.d);
+    for (int c = tid; c < nchunks; c += NT) xs[c] = serve_x_chunk(xrow, static_cast<int64_t>(c) * E, a.d);
     const uint4 last_record = serve_down_start(a, counts_row);  // waits for cuBLAS's gate
     allow_dependent_launch();
 
@@ -469,9 +464,9 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
     const int64_t wb = min(a.words, tid * per), we = min(a.words, wb + per);
     int mine = 0;
     for (int64_t w = wb; w < we; ++w) {
-        const uint32_t bits = a.h_formed ? __ldcg(a.masks + t * a.words + w) : serve_mask_from_gate(a, t, w, counts_row);
+        const uint32_t bits = serve_mask_from_gate(a, t, w, counts_row);
         words[w] = bits;
-        if (counts_row && !a.h_formed) a.masks[t * a.words + w] = bits;
+        if (counts_row) a.masks[t * a.words + w] = bits;
         mine += __popc(bits);
     }
     const int incl = warp_scan_incl(mine);
@@ -518,12 +513,12 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
             for (int64_t k = static_cast<int64_t>(c0) * E + lane * 64; k < static_cast<int64_t>(c1) * E; k += 32 * 64)
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(row + down + k));
             float h = hs[i];
-            if (a.gated && !a.h_formed) h = round_to<T>(h * round_to<T>(warp_row_dot<T>(xs, row, nchunks)));
+            if (a.gated) h = round_to<T>(h * round_to<T>(warp_row_dot<T>(xs, row, nchunks)));
             __syncwarp();  // every lane has read g before lane 0 overwrites it
             if (lane == 0) {
                 hs[i] = h;
                 l1 += fabsf(h);
-                if (counts_row && a.write_h && !a.h_formed) a.gate[t * a.ldg + j] = Value<T>::from_float(h);
+                if (counts_row && a.write_h) a.gate[t * a.ldg + j] = Value<T>::from_float(h);
             }
         }
         __syncthreads();
