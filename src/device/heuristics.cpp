@@ -27,7 +27,8 @@ int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h, int warps) {
     const int64_t threads = 32 * warps, per_16_warps = 16 / warps;  // 1 or 2
     const int64_t chunks = (dp + 7) / 8, at_least = (chunks + threads - 1) / threads;
     return static_cast<int>(std::max<int64_t>(
-        at_least, std::min<int64_t>(4 * per_16_warps, 128 * per_16_warps / std::max<int64_t>(1, tokens))));
+        at_least,
+        std::min<int64_t>(4 * per_16_warps, kServeTokenBlocks * per_16_warps / std::max<int64_t>(1, tokens))));
 }
 
 int masked_gate_tile_n(int64_t m, int64_t n, int sm_count) {

@@ -67,6 +67,15 @@ int serve_token_warps(int64_t tokens, bool writes_h);
 /// h there, where the other splits read g). Depends on the shape alone, so results stay
 /// reproducible.
 int serve_token_splits(int64_t tokens, int64_t dp, bool writes_h, int warps);
+/// The blocks of 16 warps serve_token_splits aims at. Measured on an H100 against 64 and 256
+/// (bench/results/h100-serve-token-blocks-2026-11-27.txt): 128 is the fastest or level at 32, 64 and
+/// 128 tokens for both shapes (M = 64: 30.8 us against 32.7 / 37.7; Llama's 71.3 against 75.1 /
+/// 79.6). -DTWBLAS_SERVE_TOKEN_BLOCKS=N times others.
+#ifdef TWBLAS_SERVE_TOKEN_BLOCKS
+constexpr int64_t kServeTokenBlocks = TWBLAS_SERVE_TOKEN_BLOCKS;
+#else
+constexpr int64_t kServeTokenBlocks = 128;
+#endif
 
 /// Dense mode up to this many tokens: its statistics pass (dense_row_stats, a block per row;
 /// pack_rows's dense mode when these were measured) also counts each
