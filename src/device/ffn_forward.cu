@@ -174,8 +174,12 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
     if (p.m > heuristics::kServeGateMaxTokens) {
-        // serve_finish_row's ticket zeroed, cuBLAS's gate GEMM (z rounded to T), then serve_token
-        check(cudaMemsetAsync(a.ticket, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
+        // serve_finish_row's ticket zeroed (or none: serve_stats after serve_token), cuBLAS's gate
+        // GEMM (z rounded to T), then serve_token
+        if (heuristics::kServeStatsKernel)
+            a.ticket = nullptr;
+        else
+            check(cudaMemsetAsync(a.ticket, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
         run_gate_gemm(stream, st, p, xg, s);
         const int warps = heuristics::serve_token_warps(p.m, write_h);
         const int splits = heuristics::serve_token_splits(p.m, p.dp, write_h, warps);
@@ -190,6 +194,9 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
             launch_dependent(serve_token<T, 16, 2>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
         else
             fail(TW_STATUS_INTERNAL_ERROR, "serve_token: no instance for %lld chunks a split", static_cast<long long>(per_split));
+        if (!a.ticket)
+            launch_dependent(serve_stats<T>, dim3(1), dim3(32), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_stats)",
+                             a);
         return;
     }
     // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows

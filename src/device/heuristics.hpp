@@ -115,6 +115,17 @@ constexpr bool kServeGateFetch256 = TWBLAS_SERVE_GATE_FETCH_256;
 #else
 constexpr bool kServeGateFetch256 = true;
 #endif
+/// Past kServeGateMaxTokens: the statistics reduced by a one-warp kernel after serve_token
+/// (serve_stats) instead of serve_token's last block behind a ticket that a memset node zeroes
+/// before the gate GEMM. Measured on an H100, graph replay, same call
+/// (bench/results/h100-serve-stats-kernel-2026-11-27.txt): paper's shape M = 32 / 64 / 128 / 256
+/// 26.7 / 29.6 / 36.3 / 45.3 us against 27.8 / 30.8 / 37.0 / 46.5; Llama's 64.8 / 70.5 / 88.4 /
+/// 127.0 against 65.7 / 71.4 / 89.1 / 128.1. -DTWBLAS_SERVE_STATS_KERNEL=0 builds the ticket.
+#ifdef TWBLAS_SERVE_STATS_KERNEL
+constexpr bool kServeStatsKernel = TWBLAS_SERVE_STATS_KERNEL;
+#else
+constexpr bool kServeStatsKernel = true;
+#endif
 bool serve_applies(const FfnProblem &p);
 
 /// Token groups of the backward's per-unit sums for the hot units (backward_hot_units): each hot

@@ -11,7 +11,9 @@
 // More tokens: cuBLAS's gate GEMM, then
 //   serve_token   a block per (column split, token) lists the token's active units from its gate
 //                 row, forms their h with a warp per unit and adds h_tj Wd_j over its columns;
-//                 split 0 counts the row and the last token finishes the statistics.
+//                 split 0 counts the row;
+//   serve_stats   one warp reduces the rows' statistics and publishes them (no ticket, so no
+//                 memset node before the gate GEMM).
 // Deterministic everywhere: fixed orders, no floating-point atomics. Every row goes through the
 // gathers, however many units it has, so no row takes a dense path here (rows too dense for
 // gathers to pay are what dense mode, chosen from the statistics, is for).
@@ -41,7 +43,8 @@ template <class T> struct ServeArgs {
     int64_t ldg;
     uint32_t *masks;  // M x words: bit b of word w of token t: unit 32 w + b is active
     int64_t words;
-    uint32_t *ticket;  // the grid's last-block ticket (serve_finish_row), zeroed before the grid
+    uint32_t *ticket;  // the grid's last-block ticket (serve_finish_row), zeroed before the grid; null:
+                       // serve_stats, launched after serve_token, reduces and publishes instead
     unsigned long long *neuron_counts;
     T *y;
     int64_t y_rs, y_cs;
@@ -302,7 +305,8 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
         a.row_nnz[t] = nnz;
         a.count[t] = code;
         last = false;
-        if (a.m == 1) {  // decode's one row: its statistics from registers, nothing read back
+        if (!a.ticket) {        // serve_stats publishes
+        } else if (a.m == 1) {  // decode's one row: its statistics from registers, nothing read back
             publish_statistics(FfnDeviceStats{1, nnz, nnz, code == -1, code < 0, row_l1}, a.h, a.stats, a.publish,
                                last_record);
         } else {  // the other tokens' blocks write theirs
@@ -434,7 +438,7 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
 // Every split of a token recomputes its h (the splits read Wu_j at about the same time, so DRAM
 // serves it once); split 0 alone writes the masks, the neuron counts, h over the gate (the hidden
 // output; the launch then uses one split, as split 0 would write h where the others read g) and
-// the token's statistics, and the grid's last token block the step's. Rows longer than the list
+// the token's statistics (serve_stats, after the grid, the step's). Rows longer than the list
 // go in windows. A fixed order everywhere, so the bits are deterministic.
 // W warps a block (heuristics::serve_token_warps), V of the split's 16-byte chunks a thread.
 constexpr int kServeTokenCap = 512, kServeTokenBatch = 8;
@@ -573,7 +577,8 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
         }
     }
     if (!counts_row) return;
-    // the token's counts (row_count_code) and l1, then the grid's last token the statistics
+    // the token's counts (row_count_code) and l1; the step's statistics by serve_stats (or, with a
+    // ticket, by the grid's last token)
     const int per_tile = a.tile / 32;
     int over = 0;
     for (int64_t tile = tid; tile * per_tile < a.words; tile += NT) {
@@ -584,6 +589,16 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
     over = __syncthreads_or(over);
     const float row_l1 = block_reduce(l1, [](float x, float y) { return x + y; }, l1_scratch);
     serve_finish_row<true>(a, t, total, over, row_l1, last_record);
+}
+
+/// After serve_token without a ticket: one warp reduces the rows' statistics in a fixed order and
+/// publishes them, so that no memset node zeroes a ticket before the gate GEMM and no token block
+/// waits on one.
+template <class T>
+__global__ void __launch_bounds__(32) serve_stats(ServeArgs<T> a) {
+    const uint4 last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);  // read by lane 0
+    wait_for_prior_grid();
+    reduce_and_publish_statistics_warp<true>(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
 }
 
 }  // namespace twblas::cuda
