@@ -82,7 +82,7 @@ TEST_CASE("forward: odd shapes and layouts", "[ffn][forward]" TWTEST_BACKEND_TAG
 TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile", "[ffn][forward][serving]" TWTEST_BACKEND_TAG) {
     // The CUDA backend's serving path (kernels/serve.cuh): its own gate and serve_down up to 16
     // tokens (x rows of 8 and 16 tokens), cuBLAS's gate with serve_token up to 256 (4, 2 and 1
-    // column splits; one with a hidden output; 17 the first token past serve_gate); past that the
+    // column splits; one with a hidden output; 17, the first size past serve_gate); past that the
     // cuBLAS-gate paths. D = 203 (x rows padded to 208, so they start on 16 bytes but end in a
     // partial chunk), H = 1001 (a partial last mask word and TwELL tile).
     uint64_t seed = 900;
