@@ -118,9 +118,9 @@ template <class T> void launch_tokens(cudaStream_t stream, const TokenArgs<T> &a
 }
 
 /// The saved slots sorted by unit (a stable radix sort: each unit's tokens in ascending order),
-/// each unit's first position in the sorted list, and the list of hot units.
+/// each unit's first position in the sorted list, and, with `list_hot`, the list of hot units.
 void sort_slots_by_unit(cudaStream_t stream, const FfnProblem &p, const SavedView &sv, int32_t ell,
-                        const TrainScratch &s, int64_t hot_tokens) {
+                        const TrainScratch &s, int64_t hot_tokens, bool list_hot) {
     const int64_t total = p.m * ell;
     if (total > 0) {
         slot_keys<<<std::max(1, std::min(4096, ceil_div(total, 256))), 256, 0, stream>>>(
@@ -132,7 +132,7 @@ void sort_slots_by_unit(cudaStream_t stream, const FfnProblem &p, const SavedVie
               "cub::DeviceRadixSort");
     }
     unit_starts<<<std::max(1, std::min(4096, ceil_div(std::max<int64_t>(total, p.h + 1), 256))), 256, 0, stream>>>(
-        s.keys_sorted, total, p.h, s.unit_start, hot_tokens, total > 0 ? s.hot_units : nullptr, s.hot_count);
+        s.keys_sorted, total, p.h, s.unit_start, hot_tokens, list_hot ? s.hot_units : nullptr, s.hot_count);
     check_launch("unit_starts");
 }
 
@@ -167,6 +167,8 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
     // clang-format on
     const int64_t total = p.m * l.ell;
     const int64_t hot_tokens = heuristics::unit_hot_tokens(p.m);
+    // a unit has at most M slots: up to hot_tokens tokens none is hot, so no list and no hot kernel
+    const bool hot_possible = total > 0 && p.m > hot_tokens;
     // The token phase on the main stream; beside it, on the branch, the work that needs only the
     // saved state: the recompute of the dense-path rows (their own dX rows, which the token phase
     // skips, and their fp32 terms) and the slots' sort by unit. The unit phase reads all three,
@@ -180,7 +182,7 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
         sorted.dense_rows = s.rows_sorted;
         recompute_rows<T>(side, p, w, sorted, b, s, first, sm_count);
     }
-    sort_slots_by_unit(side, p, sv, l.ell, s, hot_tokens);
+    sort_slots_by_unit(side, p, sv, l.ell, s, hot_tokens, hot_possible);
     branch.join(stream);
 
     const MatrixArg &oz = p.gated ? b.dwg : b.dwu;
@@ -201,8 +203,7 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
         // other order, hot units on the branch, measured the same: 924 against 912 us a step
         // with 8 units on every token, d_model 512, 8192 tokens; H100, same call)
         const dim3 cold_grid(static_cast<unsigned>(p.h), slices);
-        // a unit has at most M slots, so up to hot_tokens tokens none is hot: no hot kernel then
-        if (total > 0 && p.m > hot_tokens) {
+        if (hot_possible) {
             branch.mark(stream);
             launch_hot_units<T>(stream, ua, p.h, slices, clusters);
             backward_units<T><<<cold_grid, kUnitThreads, 0, branch.fork_from_mark()>>>(ua);
