@@ -101,6 +101,23 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
                 c.seed = ++seed;
                 check_forward_case(c);
             }
+    // D a multiple of 8 without a hidden output: past 16 tokens the gate is the masked gate GEMM
+    // on sm_90 (64 x 64 tiles up to 128 tokens, a partial last tile of rows and of units), and
+    // serve_token takes its words; 129 tokens, the first past it, cuBLAS's gate again. Both
+    // 16-bit types, every profile.
+    for (int64_t m : {17, 100, 128, 129})
+        for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm}) {
+            FfnCase c;
+            c.m = m;
+            c.d = 136;
+            c.h = 1001;
+            c.k = 29;
+            c.gated = profile != tt::Profile::Heavy;
+            c.type = m % 2 == 0 ? TW_R_16BF : TW_R_16F;
+            c.profile = profile;
+            c.seed = ++seed;
+            check_forward_case(c);
+        }
     // the team shapes of the model dimensions users run: 1, 2 and 4 warps per token; past 128
     // tokens serve_token's 8-warp blocks (one column split, two at D = 4096), and 16-warp blocks
     // of one split with a hidden output (M = 160)

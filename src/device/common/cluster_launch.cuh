@@ -7,7 +7,7 @@
 
 #include <utility>
 
-#include "common/check.hpp"
+#include "common/launch.cuh"
 
 namespace twblas::cuda {
 
@@ -15,18 +15,12 @@ namespace twblas::cuda {
 template <class... Params, class... Args>
 void launch_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_x, cudaStream_t stream,
                         const char *what, Args &&...args) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster_x;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cluster_x;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    launch_with_attributes(kernel, grid, block, 0, stream, &attr, 1u, what, std::forward<Args>(args)...);
 }
 
 }  // namespace twblas::cuda

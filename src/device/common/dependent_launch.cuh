@@ -13,7 +13,7 @@
 
 #include <utility>
 
-#include "common/check.hpp"
+#include "common/launch.cuh"
 
 namespace twblas::cuda {
 
@@ -36,17 +36,10 @@ __device__ inline void allow_dependent_launch() {
 template <class... Params, class... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
                       const char *what, Args &&...args) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    launch_with_attributes(kernel, grid, block, smem, stream, &attr, pdl ? 1u : 0u, what, std::forward<Args>(args)...);
 }
 
 }  // namespace twblas::cuda

@@ -8,10 +8,11 @@
 //   serve_down    y by slices of 256 columns: a block per (slice, token) walks the token's mask
 //                 words and adds h_tj Wd_j over its active units; its slice-0 blocks also count the
 //                 rows and the last of them finishes the statistics.
-// More tokens: cuBLAS's gate GEMM, then
-//   serve_token   a block per (column split, token) lists the token's active units from its gate
-//                 row, forms their h with a warp per unit and adds h_tj Wd_j over its columns;
-//                 split 0 counts the row;
+// More tokens: the gate GEMM (up to kServeMaskedGateMaxTokens on sm_90 the masked gate GEMM,
+// which writes the active-unit words and g of the active units; else cuBLAS's), then
+//   serve_token   a block per (column split, token) lists the token's active units from the words
+//                 (or its gate row), forms their h with a warp per unit and adds h_tj Wd_j over
+//                 its columns; split 0 counts the row;
 //   serve_stats   one warp reduces the rows' statistics and publishes them (no ticket, so no
 //                 memset node before the gate GEMM).
 // Deterministic everywhere: fixed orders, no floating-point atomics. Every row goes through the
@@ -43,6 +44,8 @@ template <class T> struct ServeArgs {
     int64_t ldg;
     uint32_t *masks;  // M x words: bit b of word w of token t: unit 32 w + b is active
     int64_t words;
+    bool gate_masked;  // the masked gate GEMM wrote the words and g of the active units alone
+                       // (no hidden output then: serve_token takes the words instead of the gate row)
     uint32_t *ticket;  // the grid's last-block ticket (serve_finish_row), zeroed before the grid; null:
                        // serve_stats, launched after serve_token, reduces and publishes instead
     unsigned long long *neuron_counts;
@@ -263,6 +266,13 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     }
 }
 
+/// Counts each active unit of word w (bits) in the per-unit activation counts, if kept.
+template <class T>
+__device__ inline void count_active_units(const ServeArgs<T> &a, int64_t w, uint32_t bits) {
+    if (a.neuron_counts)
+        for (; bits; bits &= bits - 1) atomicAdd(a.neuron_counts + w * 32 + __ffs(bits) - 1, 1ull);
+}
+
 /// Mask word w of token t from a cuBLAS gate row (past serve_gate's tokens): bit b set
 /// when unit 32 w + b is active. With `record` it counts each active unit, and zeroes the inactive
 /// ones when the gate buffer becomes the hidden output (serve_gate's epilogue does both on its path).
@@ -285,8 +295,7 @@ __device__ inline uint32_t serve_mask_from_gate(const ServeArgs<T> &a, int64_t t
         if (record && a.write_h && u0 < a.ldg && chunk_bits != 0xffu)
             *reinterpret_cast<uint4 *>(row + u0) = keep_active(v[c], chunk_bits);
     }
-    if (record && a.neuron_counts)
-        for (uint32_t b = bits; b; b &= b - 1) atomicAdd(a.neuron_counts + w * 32 + __ffs(b) - 1, 1ull);
+    if (record) count_active_units(a, w, bits);
     return bits;
 }
 
@@ -323,10 +332,12 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
 
 /// The start of serve_down and serve_token: a counting block's thread 0 loads the last
 /// published statistics record before the wait (its latency hidden; serve_finish_row takes it),
-/// then every thread waits for the previous grid's h, masks and zeroed ticket.
+/// then every thread waits for the previous grid's h, masks and zeroed ticket. Without a ticket
+/// (serve_stats publishes) the record is not needed and not loaded.
 template <class T> __device__ inline uint4 serve_down_start(const ServeArgs<T> &a, bool counts_row) {
     uint4 last_record = make_uint4(0, 0, 0, 0);
-    if (counts_row && threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
+    if (counts_row && a.ticket != nullptr && threadIdx.x == 0)
+        last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
     wait_for_prior_grid();
     return last_record;
 }
@@ -467,10 +478,17 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
     const int64_t per = (a.words + NT - 1) / NT;
     const int64_t wb = min(a.words, tid * per), we = min(a.words, wb + per);
     int mine = 0;
+    // (the masked gate GEMM's words as they are, or made from cuBLAS's gate row)
     for (int64_t w = wb; w < we; ++w) {
-        const uint32_t bits = serve_mask_from_gate(a, t, w, counts_row);
+        uint32_t bits;
+        if (a.gate_masked) {
+            bits = __ldcg(a.masks + t * a.words + w);
+            if (counts_row) count_active_units(a, w, bits);
+        } else {
+            bits = serve_mask_from_gate(a, t, w, counts_row);
+            if (counts_row) a.masks[t * a.words + w] = bits;
+        }
         words[w] = bits;
-        if (counts_row) a.masks[t * a.words + w] = bits;
         mine += __popc(bits);
     }
     const int incl = warp_scan_incl(mine);
