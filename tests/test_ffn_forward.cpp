@@ -101,10 +101,8 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
                 c.seed = ++seed;
                 check_forward_case(c);
             }
-    // D a multiple of 8 without a hidden output: past 16 tokens the gate is the masked gate GEMM
-    // on sm_90 (64 x 64 tiles up to 128 tokens, a partial last tile of rows and of units), and
-    // serve_token takes its words; 129 tokens, the first past it, cuBLAS's gate again. Both
-    // 16-bit types, every profile.
+    // D a multiple of 8 (a gate GEMM's operands on 16 bytes) without a hidden output, around
+    // serve_token's 8-warp blocks from 129 tokens; both 16-bit types, every profile
     for (int64_t m : {17, 100, 128, 129})
         for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm}) {
             FfnCase c;

@@ -49,7 +49,6 @@ MaskedGateGemm masked_gate_operands(const CudaFfnState &st, const FfnProblem &p,
 /// What one forward runs, chosen before anything is enqueued (and part of a captured call's key).
 struct ForwardPath {
     bool serve;           // the serving path: tensor-core gate with masks, then one gather kernel
-    bool serve_masked;    // its gate past serve_gate's tokens by the masked gate GEMM (else cuBLAS's)
     bool decode;          // the one-kernel decode path
     bool dense_mode;      // projections as cuBLAS GEMMs over every row
     bool masked_gate;     // the gate through the masked gate GEMM, the lists from its unit words
@@ -59,7 +58,7 @@ struct ForwardPath {
 };
 
 ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnMatDescr &x, const twDnMatDescr &y,
-                        bool training, bool hidden_output) {
+                        bool training) {
     ForwardPath path{};
     // after a forward that chose dense mode the cuBLAS projections win, unless few tokens gather
     // fewer weight rows than they read
@@ -69,10 +68,6 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
     // FP8 weights: the two-pass kernels over every row (the other paths read the 16-bit rows)
     const bool rows_16bit = !p.fp8;
     path.serve = !training && rows_16bit && gathers && heuristics::serve_applies(p) && rows_aligned16(matrix_arg(x));
-    // the masked gate GEMM leaves the inactive g unwritten, and a hidden output reads the row whole
-    path.serve_masked = path.serve && !hidden_output && st.masked_gate && p.m > heuristics::kServeGateMaxTokens &&
-                        p.m <= heuristics::kServeMaskedGateMaxTokens && x.order == TW_ORDER_ROW &&
-                        masked_gate_gemm_fits(p.type, masked_gate_operands(st, p, x, FfnScratch{}));
     path.decode = !training && rows_16bit && gathers && !path.serve && heuristics::decode_applies(p);
     // deterministic mode never switches (bits would depend on history); fp32 intermediates have
     // no cuBLAS form here, so they stay sparse too
@@ -161,11 +156,10 @@ template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, con
     check_launch("serve_gate");
 }
 
-/// `masked_gate`: the masked gate GEMM's operands when it makes the gate (ForwardPath::serve_masked).
 template <class T>
 void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
                   const GemmOperand &xg, const MatrixArg &y, const FfnScratch &s, unsigned long long *neuron_counts,
-                  bool write_h, const MaskedGateGemm *masked_gate) {
+                  bool write_h) {
     ServeArgs<T> a{};
     a.x = static_cast<const T *>(x.ptr), a.x_rs = x.rs, a.m = static_cast<int>(p.m);
     a.d = p.d, a.dp = p.dp, a.h = p.h;
@@ -180,17 +174,13 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
     if (p.m > heuristics::kServeGateMaxTokens) {
-        // serve_finish_row's ticket zeroed (or none: serve_stats after serve_token), the gate GEMM
-        // (z rounded to T: the masked one's active values and words, or cuBLAS's), then serve_token
+        // serve_finish_row's ticket zeroed (or none: serve_stats after serve_token), cuBLAS's gate
+        // GEMM (z rounded to T), then serve_token
         if (heuristics::kServeStatsKernel)
             a.ticket = nullptr;
         else
             check(cudaMemsetAsync(a.ticket, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
-        a.gate_masked = masked_gate != nullptr;
-        if (masked_gate)
-            launch_masked_gate_gemm(stream, p.type, *masked_gate, st.device, st.sm_count);
-        else
-            run_gate_gemm(stream, st, p, xg, s);
+        run_gate_gemm(stream, st, p, xg, s);
         const int warps = heuristics::serve_token_warps(p.m, write_h);
         const int splits = heuristics::serve_token_splits(p.m, p.dp, write_h, warps);
         const int64_t per_split = ceil_div(p.dp / Chunk<T>::n, int64_t{splits});  // chunks a block
@@ -561,9 +551,7 @@ void enqueue_inference(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
     const MatrixArg xa = matrix_arg(x), ya = matrix_arg(y);
     if (path.serve) {
         if constexpr (!std::is_same_v<T, float>) {
-            const MaskedGateGemm g = masked_gate_operands(st, p, x, s);
-            launch_serve<T>(stream, st, p, w, xa, gemm_operand(x), ya, s, st.neuron_counts(), hidden != nullptr,
-                            path.serve_masked ? &g : nullptr);
+            launch_serve<T>(stream, st, p, w, xa, gemm_operand(x), ya, s, st.neuron_counts(), hidden != nullptr);
             if (hidden) {  // h over the gate buffer, 0 for inactive units (serve_gate wrote them)
                 const MatrixArg h{s.gate, p.m, p.h, s.ldg, 1, p.type};
                 write_sparse(stream, h, TW_CONVERT_PLAIN, *hidden, s.writer_flags);
@@ -628,7 +616,6 @@ CallKey inference_key(const FfnProblem &p, const ForwardPath &path, const twDnMa
     CallKey k;
     k.add(p.m).add(p.highest).add(p.fp8).add(p.deterministic).add(p.tile).add(p.slots);
     k.add(path.serve)
-        .add(path.serve_masked)
         .add(path.decode)
         .add(path.dense_mode)
         .add(path.masked_gate)
@@ -660,7 +647,7 @@ void ffn_forward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr 
         quantize_fp8_weights(stream, st, p);
         st.fp8_stale = false;
     }
-    const ForwardPath path = choose_path(st, p, x, y, false, hidden != nullptr);
+    const ForwardPath path = choose_path(st, p, x, y, false);
     const CallKey key = inference_key(p, path, x, y, hidden, workspace);
     if (!st.calls.seen(key)) {  // once per argument set: a replayed call's pointers were checked
         require_device_accessible(x.values, "X");
@@ -697,7 +684,7 @@ void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMat
     st.train_pointers.require(saved, "saved");
     st.train_pointers.require(workspace, "workspace");
     absorb_feedback(st);
-    const ForwardPath path = choose_path(st, p, x, y, true, false);
+    const ForwardPath path = choose_path(st, p, x, y, true);
     by_type(p.type, [&](auto tag) { enqueue_training<decltype(tag)>(stream, st, p, path, x, y, saved, workspace); });
 }
 

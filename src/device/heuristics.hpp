@@ -192,20 +192,6 @@ constexpr double kDenseModeGatherShare = 0.34;
 /// launches and a narrower gate tile"). At 4096 and 16384 tokens it keeps 256.
 int masked_gate_tile_n(int64_t m, int64_t n, int sm_count);
 
-/// From kServeGateMaxTokens + 1 up to this many tokens, without a hidden output, the serving
-/// path's gate is the masked gate GEMM with 64 x 64 x 128 pingpong tiles on sm_90 (when its operands
-/// fit) instead of cuBLAS's: its epilogue writes the active-unit words, so serve_token reads a
-/// token's H / 8 bytes of words instead of scanning its gate row. Measured alone on an H100, weights
-/// rotated past L2, against cublasGemmEx in the same call (bench/results/h100-serving-gate-probe-
-/// 2026-11-27.txt): paper's shape M = 16 / 32 / 64 / 128 / 256 13.1 / 12.8 / 12.5 / 14.1 / 16.7 us
-/// against 14.1 / 13.9 / 14.4 / 14.3 / 13.8; Llama's 46.0 / 45.3 / 44.9 / 50.1 / 82.6 against
-/// 44.1 / 45.5 / 45.1 / 47.0 / 50.7. 0 turns it off (-DTWBLAS_SERVE_MASKED_GATE_MAX_TOKENS=0).
-#ifdef TWBLAS_SERVE_MASKED_GATE_MAX_TOKENS
-constexpr int64_t kServeMaskedGateMaxTokens = TWBLAS_SERVE_MASKED_GATE_MAX_TOKENS;
-#else
-constexpr int64_t kServeMaskedGateMaxTokens = 128;
-#endif
-
 /// From this many tokens (past the serving path) the gate is the masked gate GEMM on sm_90: its
 /// epilogue writes the active-unit words, so the packing pass reads H / 8 bytes a token instead of
 /// the gate row. Measured on an H100 at the paper's shape, uniform-29, graph replay, against the

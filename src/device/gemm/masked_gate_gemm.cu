@@ -14,8 +14,6 @@ void launch_bf16(cudaStream_t stream, const MaskedGateGemm &g, int device, int s
 void launch_f16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 void launch_bf16_narrow(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 void launch_f16_narrow(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
-void launch_bf16_short(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
-void launch_f16_short(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 }  // namespace masked_gate
 #endif
 
@@ -44,14 +42,11 @@ bool masked_gate_gemm_fits(twDataType_t type, const MaskedGateGemm &g) {
 
 void launch_masked_gate_gemm(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g, int device, int sm_count) {
 #if defined(TWBLAS_HAVE_SM90A)
-    // 64-row tiles at the serving sizes; past them 128 rows, 192 or 256 wide
-    const bool bf16 = type == TW_R_16BF;
-    if (g.m <= heuristics::kServeMaskedGateMaxTokens)
-        (bf16 ? masked_gate::launch_bf16_short : masked_gate::launch_f16_short)(stream, g, device, sm_count);
-    else if (heuristics::masked_gate_tile_n(g.m, g.n, sm_count) == 192)
-        (bf16 ? masked_gate::launch_bf16_narrow : masked_gate::launch_f16_narrow)(stream, g, device, sm_count);
+    const bool narrow = heuristics::masked_gate_tile_n(g.m, g.n, sm_count) == 192;
+    if (type == TW_R_16BF)
+        (narrow ? masked_gate::launch_bf16_narrow : masked_gate::launch_bf16)(stream, g, device, sm_count);
     else
-        (bf16 ? masked_gate::launch_bf16 : masked_gate::launch_f16)(stream, g, device, sm_count);
+        (narrow ? masked_gate::launch_f16_narrow : masked_gate::launch_f16)(stream, g, device, sm_count);
 #else
     (void)stream, (void)type, (void)g, (void)device, (void)sm_count;
     fail(TW_STATUS_INTERNAL_ERROR, "masked gate GEMM: this build holds no sm_90a code (masked_gate_gemm_built)");

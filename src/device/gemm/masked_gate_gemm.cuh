@@ -229,21 +229,12 @@ void launch_typed(cudaStream_t stream, const MaskedGateGemm &g, int device, int 
 /// (heuristics::masked_gate_tile_n).
 template <class T> using NarrowKernel = Kernel<T, Shape<_128, _192, _64>>;
 
-/// The short tile: 64 x 64 x 128, two consumer warpgroups taking turns (pingpong), no cluster:
-/// for the serving sizes (up to heuristics::kServeMaskedGateMaxTokens tokens), where 128-row tiles
-/// are mostly padding and ~90 tiles of 64 x 64 per 64 tokens spread the weights over the SMs.
-template <class T>
-using ShortKernel =
-    Kernel<T, Shape<_64, _64, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
-
-// three tiles per 16-bit type, in their own translation units (launch_bf16, launch_f16: 128 x 256;
-// masked_gate_gemm_narrow.cu: 128 x 192; masked_gate_gemm_short.cu: 64 x 64), compiled for sm_90a
-// alone (src/CMakeLists.txt: twblas_hopper_objects)
+// two tile widths per 16-bit type, in their own translation units (launch_bf16, launch_f16: 256
+// wide; masked_gate_gemm_narrow.cu: 192 wide), compiled for sm_90a alone (src/CMakeLists.txt:
+// twblas_hopper_objects)
 void launch_bf16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 void launch_f16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 void launch_bf16_narrow(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 void launch_f16_narrow(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
-void launch_bf16_short(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
-void launch_f16_short(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 
 }  // namespace twblas::cuda::masked_gate

@@ -8,11 +8,10 @@
 //   serve_down    y by slices of 256 columns: a block per (slice, token) walks the token's mask
 //                 words and adds h_tj Wd_j over its active units; its slice-0 blocks also count the
 //                 rows and the last of them finishes the statistics.
-// More tokens: the gate GEMM (up to kServeMaskedGateMaxTokens on sm_90 the masked gate GEMM,
-// which writes the active-unit words and g of the active units; else cuBLAS's), then
-//   serve_token   a block per (column split, token) lists the token's active units from the words
-//                 (or its gate row), forms their h with a warp per unit and adds h_tj Wd_j over
-//                 its columns; split 0 counts the row;
+// More tokens: cuBLAS's gate GEMM, then
+//   serve_token   a block per (column split, token) lists the token's active units from its gate
+//                 row, forms their h with a warp per unit and adds h_tj Wd_j over its columns;
+//                 split 0 counts the row;
 //   serve_stats   one warp reduces the rows' statistics and publishes them (no ticket, so no
 //                 memset node before the gate GEMM).
 // Deterministic everywhere: fixed orders, no floating-point atomics. Every row goes through the
@@ -44,8 +43,6 @@ template <class T> struct ServeArgs {
     int64_t ldg;
     uint32_t *masks;  // M x words: bit b of word w of token t: unit 32 w + b is active
     int64_t words;
-    bool gate_masked;  // the masked gate GEMM wrote the words and g of the active units alone
-                       // (no hidden output then: serve_token takes the words instead of the gate row)
     uint32_t *ticket;  // the grid's last-block ticket (serve_finish_row), zeroed before the grid; null:
                        // serve_stats, launched after serve_token, reduces and publishes instead
     unsigned long long *neuron_counts;
@@ -266,13 +263,6 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     }
 }
 
-/// Counts each active unit of word w (bits) in the per-unit activation counts, if kept.
-template <class T>
-__device__ inline void count_active_units(const ServeArgs<T> &a, int64_t w, uint32_t bits) {
-    if (a.neuron_counts)
-        for (; bits; bits &= bits - 1) atomicAdd(a.neuron_counts + w * 32 + __ffs(bits) - 1, 1ull);
-}
-
 /// Mask word w of token t from a cuBLAS gate row (past serve_gate's tokens): bit b set
 /// when unit 32 w + b is active. With `record` it counts each active unit, and zeroes the inactive
 /// ones when the gate buffer becomes the hidden output (serve_gate's epilogue does both on its path).
@@ -295,7 +285,8 @@ __device__ inline uint32_t serve_mask_from_gate(const ServeArgs<T> &a, int64_t t
         if (record && a.write_h && u0 < a.ldg && chunk_bits != 0xffu)
             *reinterpret_cast<uint4 *>(row + u0) = keep_active(v[c], chunk_bits);
     }
-    if (record) count_active_units(a, w, bits);
+    if (record && a.neuron_counts)
+        for (uint32_t b = bits; b; b &= b - 1) atomicAdd(a.neuron_counts + w * 32 + __ffs(b) - 1, 1ull);
     return bits;
 }
 
@@ -478,17 +469,10 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
     const int64_t per = (a.words + NT - 1) / NT;
     const int64_t wb = min(a.words, tid * per), we = min(a.words, wb + per);
     int mine = 0;
-    // (the masked gate GEMM's words as they are, or made from cuBLAS's gate row)
     for (int64_t w = wb; w < we; ++w) {
-        uint32_t bits;
-        if (a.gate_masked) {
-            bits = __ldcg(a.masks + t * a.words + w);
-            if (counts_row) count_active_units(a, w, bits);
-        } else {
-            bits = serve_mask_from_gate(a, t, w, counts_row);
-            if (counts_row) a.masks[t * a.words + w] = bits;
-        }
+        const uint32_t bits = serve_mask_from_gate(a, t, w, counts_row);
         words[w] = bits;
+        if (counts_row) a.masks[t * a.words + w] = bits;
         mine += __popc(bits);
     }
     const int incl = warp_scan_incl(mine);
