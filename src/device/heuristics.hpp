@@ -28,7 +28,9 @@ bool decode_applies(const FfnProblem &p);
 /// (kernels/serve.cuh). Past it the two-pass path (masked gate GEMM from kMaskedGateMinTokens).
 /// Measured on an H100, uniform-29, graph replay: with serve_token, M = 256 took 51.8 us against
 /// 55.0 for the team kernel it replaced (Llama's shape 121.2 against 134.1), whose M = 512 had
-/// taken 97.3 against 78.1 for the two-pass path. Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0
+/// taken 97.3 against 78.1 for the two-pass path; re-measured with serve_token's 8-warp blocks and
+/// serve_stats (2026-11-27, h100-serve-token-512-2026-11-27.txt): serve_token at M = 512 took 70.9 us
+/// against 58.8 for the two-pass path (Llama's shape 227.9 against 177.8). Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0
 /// turns the path off) to time it against the other paths at the same M (bench/NOTES.md).
 #ifdef TWBLAS_SERVE_MAX_TOKENS
 constexpr int64_t kServeMaxTokens = TWBLAS_SERVE_MAX_TOKENS;
