@@ -1,0 +1,390 @@
+// Probe (not part of the build): can the masked gate GEMM write the TwELL blocks themselves, so
+// that twGemmToSparse (today the masked GEMM, then write_twell_rows_masked: ~1.08x cuBLAS's GEMM,
+// issue 12's target <= 1.05x) needs no writer pass? The 2026-11-26 trial (bench/NOTES.md, "The
+// masked gate GEMM writing TwELL from its epilogue") ranked the entries in a second pass over all
+// 128 accumulators a thread and lost ~80 us at 16384 rows to the added instructions. This epilogue
+// keeps one pass:
+//   1. the accumulators are tested as the masked epilogue tests them; an active value is staged
+//      in shared memory (its tile column, which of the thread's two rows, its 16 bits), up to
+//      kStage a thread; a thread with more (a dense row) walks its accumulators a second time;
+//   2. the quad's lanes OR their bits into the rows' 32-column words (two shuffles, as now) and
+//      keep them in shared memory (a row lies in one quad of one warp: no block barrier);
+//   3. one lane a (row, TwELL block) writes the header from the words' population counts (count,
+//      and the overflow bit past S entries, which also flags the row);
+//   4. each staged entry's slot is its rank among the row's set bits of its block (so the entries
+//      ascend, deterministic mode's order too) and goes out as one 32-bit store.
+// Times, at the paper's gate (N = 5632, K = 2048) for M = 4096, 16384 and 65536: cublasGemmEx,
+// the library's masked GEMM (128 x 256, clusters of two), and the TwELL epilogue on the same
+// mainloop (with the flags' memset); checks the TwELL (T = 256 / C = 8 and T = 128 / C = 4)
+// against relu(cuBLAS): counts, ascending columns, values. Build here (from the repository root,
+// after configuring `build`), run on the GPU machine:
+//   nvcc -arch=sm_90a -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DTWBLAS_HAVE_SM90A -Isrc \
+//     -Isrc/device -Iinclude -Ibuild/include -isystem .deps/cutlass/cutlass_library/source/include \
+//     bench/probes/twell_epilogue_probe.cu -lcublas -o build/twell_epilogue_probe
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "gemm/masked_gate_gemm.cuh"
+
+namespace twblas {
+[[noreturn]] void fail(twStatus_t s, const char *fmt, ...) {
+    va_list a;
+    va_start(a, fmt);
+    vfprintf(stderr, fmt, a);
+    va_end(a);
+    fprintf(stderr, " (%d)\n", static_cast<int>(s));
+    std::exit(1);
+}
+}  // namespace twblas
+using namespace twblas::cuda;
+using namespace cute;
+using BF = cutlass::bfloat16_t;
+
+namespace {
+
+/// The TwELL output: rows x ld words, a block of `block_words` words per `tile_w` columns (header,
+/// then S = block_words - 1 entries: column | value << 16); flags[row] = 1 when a block of the row
+/// held more than S (zeroed before the GEMM).
+struct TwellOut {
+    uint32_t *twell;
+    int64_t ld;
+    int tile_w, block_words;
+    int32_t *flags;
+};
+
+// kSteps: which steps run (an ablation for timing: 1 staging, 2 headers, 4 entries; 7 is the epilogue)
+template <class T, int kTileN, int kStage, int kSteps = 7> class TwellEpilogue {
+  public:
+    using R = masked_gate::Round<T>;
+    using ElementC = void;
+    using ElementD = T;
+    using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
+    using StrideD = StrideC;
+    using ThreadEpilogueOp = void;
+    using GmemTiledCopyC = void;
+    using GmemTiledCopyD = void;
+    static constexpr int kRows = 128, kThreads = 256, kWords = kTileN / 32;  // the cooperative 128-row tile
+    struct SharedStorage {
+        uint32_t row_words[kRows][kWords];   // a row's words: written and read by its own quad
+        uint32_t staged[kStage][kThreads];   // a thread's entries: tile column | row bit << 8 | value << 16
+    };
+    using TensorStorage = SharedStorage;
+    using Arguments = TwellOut;
+    using Params = Arguments;
+
+    template <class ProblemShape> static constexpr Params to_underlying_arguments(ProblemShape const &, Arguments const &a, void *) {
+        return a;
+    }
+    template <class ProblemShape> static size_t get_workspace_size(ProblemShape const &, Arguments const &) { return 0; }
+    template <class ProblemShape>
+    static cutlass::Status initialize_workspace(ProblemShape const &, Arguments const &, void *, cudaStream_t,
+                                                cutlass::CudaHostAdapter * = nullptr) {
+        return cutlass::Status::kSuccess;
+    }
+    template <class ProblemShape> static bool can_implement(ProblemShape const &, Arguments const &) { return true; }
+
+    CUTLASS_HOST_DEVICE explicit TwellEpilogue(Params const &params, SharedStorage const & = SharedStorage()) : p_(params) {}
+    CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+    template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+              class TiledMma, class ResidueMNK>
+    CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
+                                   BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const &acc,
+                                   TiledMma tiled_mma, ResidueMNK, int thread_idx, char *smem) {
+        static_assert(size<0>(BlockShapeMNK{}) == kRows && size<1>(BlockShapeMNK{}) == kTileN, "tile shape");
+        static_assert(decltype(size(acc))::value == 4 * (kTileN / 8), "accumulators as wgmma lays them out");
+        SharedStorage &sh = *reinterpret_cast<SharedStorage *>(smem);
+        const int64_t m_total = get<0>(problem_shape_mnkl), n_total = get<1>(problem_shape_mnkl);
+        Tensor c_thr = tiled_mma.get_thread_slice(thread_idx).partition_C(make_identity_tensor(take<0, 2>(blk_shape_mnk)));
+        const int64_t m0 = get<0>(blk_coord_mnkl) * kRows, n0 = get<1>(blk_coord_mnkl) * kTileN;
+        const int m_rem = static_cast<int>(min<int64_t>(m_total - m0, int64_t{kRows}));
+        const int n_rem = static_cast<int>(min<int64_t>(n_total - n0, int64_t{kTileN}));
+
+        // 1. tests, bits, staged entries
+        uint32_t bits[2][kWords] = {};
+        int staged = 0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kTileN / 2; i += 2) {
+            const int v1 = (i / 2) % 2, block = i / 4;
+            const bool a0 = masked_gate::active_float<R>(acc(i)), a1 = masked_gate::active_float<R>(acc(i + 1));
+            bits[v1][block / 4] |= (static_cast<uint32_t>(a0) | static_cast<uint32_t>(a1) << 1) << (8 * (block % 4));
+            if (a0 | a1) {
+                const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
+                const uint32_t packed = R::pack2(acc(i), acc(i + 1));
+                if ((kSteps & 1) && lr < m_rem) {
+                    if (a0 && lc < n_rem) {
+                        if (staged < kStage) sh.staged[staged][thread_idx] = lc | v1 << 8 | packed << 16;
+                        ++staged;
+                    }
+                    if (a1 && lc + 1 < n_rem) {
+                        if (staged < kStage) sh.staged[staged][thread_idx] = (lc + 1) | v1 << 8 | (packed & 0xffff0000u);
+                        ++staged;
+                    }
+                }
+            }
+        }
+        // 2. the rows' words, ORed over the quad, clipped to the problem's columns
+        const int quad_lane = thread_idx & 3;
+        const int lane_shift = static_cast<int>(get<1>(c_thr(0)) & 7);
+        int row_of[2];
+        CUTLASS_PRAGMA_UNROLL
+        for (int v1 = 0; v1 < 2; ++v1) {
+            row_of[v1] = get<0>(c_thr(2 * v1));
+            CUTLASS_PRAGMA_UNROLL
+            for (int w = 0; w < kWords; ++w) {
+                uint32_t word = bits[v1][w] << lane_shift;
+                word |= __shfl_xor_sync(0xffffffffu, word, 1);
+                word |= __shfl_xor_sync(0xffffffffu, word, 2);
+                const int valid = n_rem - w * 32;
+                if (valid < 32) word &= valid > 0 ? (1u << valid) - 1u : 0u;
+                if (w % 4 == quad_lane) sh.row_words[row_of[v1]][w] = word;
+            }
+        }
+        __syncwarp();
+        // 3. headers: quad lane q takes the blocks b = q, q + 4, ... of both its rows
+        const int tw = p_.tile_w, bw = tw / 32, nblocks = kTileN / tw, slots = p_.block_words - 1;
+        const int64_t block0 = n0 / tw;
+        CUTLASS_PRAGMA_UNROLL
+        for (int v1 = 0; v1 < 2; ++v1) {
+            const int lr = row_of[v1];
+            if (!(kSteps & 2) || lr >= m_rem) continue;
+            for (int b = quad_lane; b < nblocks && b * tw < n_rem; b += 4) {
+                int count = 0;
+                for (int k = 0; k < bw; ++k) count += __popc(sh.row_words[lr][b * bw + k]);
+                const uint32_t header = static_cast<uint32_t>(min(count, slots)) | (count > slots ? 1u << 31 : 0u);
+                p_.twell[(m0 + lr) * p_.ld + (block0 + b) * p_.block_words] = header;
+                if (count > slots) p_.flags[m0 + lr] = 1;
+            }
+        }
+        // 4. entries at their ranks
+        auto put = [&](int v1, int lc, uint32_t value_hi) {
+            const int lr = v1 ? row_of[1] : row_of[0], b = lc / tw, w = lc / 32;
+            int rank = __popc(sh.row_words[lr][w] & ((1u << (lc % 32)) - 1u));
+            for (int k = b * bw; k < w; ++k) rank += __popc(sh.row_words[lr][k]);
+            if (rank < slots)
+                p_.twell[(m0 + lr) * p_.ld + (block0 + b) * p_.block_words + 1 + rank] =
+                    static_cast<uint32_t>(n0 + lc) | value_hi;
+        };
+        if (!(kSteps & 4)) {
+        } else if (staged <= kStage) {
+            for (int s = 0; s < staged; ++s) {
+                const uint32_t e = sh.staged[s][thread_idx];
+                put(static_cast<int>(e >> 8 & 1u), static_cast<int>(e & 0xffu), e & 0xffff0000u);
+            }
+        } else {  // a dense row: every active accumulator again
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kTileN / 2; i += 2) {
+                const int v1 = (i / 2) % 2;
+                const bool a0 = masked_gate::active_float<R>(acc(i)), a1 = masked_gate::active_float<R>(acc(i + 1));
+                if (a0 | a1) {
+                    const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
+                    const uint32_t packed = R::pack2(acc(i), acc(i + 1));
+                    if (lr < m_rem && a0 && lc < n_rem) put(v1, lc, packed << 16);
+                    if (lr < m_rem && a1 && lc + 1 < n_rem) put(v1, lc + 1, packed & 0xffff0000u);
+                }
+            }
+        }
+        __syncwarp();  // the next tile's words overwrite these
+    }
+
+  private:
+    Params p_;
+};
+
+template <class T, int kStage = 4, int kSteps = 7> struct TwellKernel {
+    using TileShape = Shape<_128, _256, _64>;
+    using ClusterShape = Shape<_2, _1, _1>;
+    using Epilogue =
+        cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<TwellEpilogue<T, 256, kStage, kSteps>>;
+    using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, 8, T,
+        cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
+        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+        cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+    using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                            cutlass::gemm::PersistentScheduler>;
+    using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+};
+
+template <int kSteps = 7>
+void launch_twell(cudaStream_t st, const void *x, const void *w, int64_t m, int64_t n, int64_t k, const TwellOut &out,
+                  int sms) {
+    using Gemm = typename TwellKernel<BF, 4, kSteps>::Gemm;
+    typename Gemm::GemmKernel::StrideA sa{};
+    get<0>(sa) = k;
+    typename Gemm::GemmKernel::StrideB sb{};
+    get<0>(sb) = k;
+    cudaMemsetAsync(out.flags, 0, static_cast<size_t>(m) * 4, st);
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                  {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1},
+                                  {static_cast<const BF *>(x), sa, static_cast<const BF *>(w), sb},
+                                  out,
+                                  cutlass::KernelHardwareInfo{0, sms}};
+    Gemm gemm;
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess || gemm.initialize(args, nullptr, st) != cutlass::Status::kSuccess ||
+        gemm.run(st) != cutlass::Status::kSuccess) {
+        fprintf(stderr, "TwELL epilogue GEMM: launch failed\n");
+        std::exit(1);
+    }
+}
+
+float bf16_to_float(uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+}
+uint16_t bf16_of(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return static_cast<uint16_t>(b >> 16);
+}
+// uniform values in [-0.5, 0.5) with a bias column that leaves ~0.5 % of the gate active
+std::vector<uint16_t> random_bf16(int64_t rows, int64_t k, uint32_t seed, uint16_t bias) {
+    std::vector<uint16_t> h(static_cast<size_t>(rows * k));
+    uint32_t s = seed;
+    for (auto &v : h) {
+        s = s * 1664525u + 1013904223u;
+        v = bf16_of((s >> 8) / 16777216.0f - 0.5f);
+    }
+    for (int64_t r = 0; r < rows; ++r) h[static_cast<size_t>(r * k)] = bias;
+    return h;
+}
+
+template <class F> float time_us(cudaStream_t st, F &&launch, int n = 10) {
+    launch();  // warm-up
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, st);
+    for (int i = 0; i < n; ++i) launch();
+    cudaEventRecord(b, st);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    return ms * 1000 / n;
+}
+
+/// The TwELL against relu(ref) (M x N bf16 from cuBLAS): every block's count equals its active
+/// values (a value near zero may differ between the two GEMMs' sums), columns inside the tile and
+/// ascending, values within rounding; rows past S flagged.
+void check(const std::vector<uint32_t> &tw, const std::vector<int32_t> &flags, const std::vector<uint16_t> &ref, int64_t m,
+           int64_t n, const TwellOut &o) {
+    const int64_t nt = (n + o.tile_w - 1) / o.tile_w;
+    const int slots = o.block_words - 1;
+    size_t bad_count = 0, bad_order = 0, bad_value = 0, overflow_blocks = 0, bad_flags = 0, entries = 0;
+    for (int64_t r = 0; r < m; ++r) {
+        bool row_over = false;
+        for (int64_t t = 0; t < nt; ++t) {
+            const uint32_t *blk = &tw[static_cast<size_t>(r * o.ld + t * o.block_words)];
+            const int count = static_cast<int>(blk[0] & 0xffffu);
+            const bool over = blk[0] >> 31;
+            int want = 0, near = 0;
+            for (int64_t c = t * o.tile_w; c < std::min(n, (t + 1) * o.tile_w); ++c) {
+                const float v = bf16_to_float(ref[static_cast<size_t>(r * n + c)]);
+                want += v > 0;
+                near += std::fabs(v) <= 1e-2f;
+            }
+            if (over) ++overflow_blocks;
+            row_over |= over;
+            if (std::abs(std::min(want, slots) - count) > near || (over && want + near <= slots)) ++bad_count;
+            int last = -1;
+            for (int s = 0; s < count; ++s) {
+                const uint32_t e = blk[1 + s];
+                const int col = static_cast<int>(e & 0xffffu);
+                ++entries;
+                if (col <= last || col < t * o.tile_w || col >= std::min(n, (t + 1) * o.tile_w)) ++bad_order;
+                last = col;
+                const float want_v = bf16_to_float(ref[static_cast<size_t>(r * n + col)]);
+                const float have = bf16_to_float(static_cast<uint16_t>(e >> 16));
+                if (std::fabs(want_v - have) > 0.02f * std::fabs(want_v) + 1e-3f) ++bad_value;
+            }
+        }
+        if (row_over != (flags[static_cast<size_t>(r)] == 1)) ++bad_flags;
+    }
+    printf("  check T = %d, C = %d: %zu entries (%.2f a row); bad counts %zu, order %zu, values %zu, flags %zu; overflow blocks %zu\n",
+           o.tile_w, o.tile_w / o.block_words, entries, static_cast<double>(entries) / static_cast<double>(m), bad_count,
+           bad_order, bad_value, bad_flags, overflow_blocks);
+}
+
+}  // namespace
+
+int main() {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    cudaStream_t st;
+    cudaStreamCreate(&st);
+    cublasHandle_t hb;
+    cublasCreate(&hb);
+    cublasSetStream(hb, st);
+    const int64_t n = 5632, k = 2048, max_m = 65536;
+    const auto wh = random_bf16(n, k, 7, bf16_of(-9.75f));
+    const auto xh = random_bf16(max_m, k, 1, bf16_of(1.0f));
+    // a few heavy rows (every unit's weight row biased up for them): dense rows that overflow
+    std::vector<uint16_t> xh_heavy = xh;
+    for (int64_t r = 0; r < max_m; r += 997) xh_heavy[static_cast<size_t>(r * k)] = bf16_of(-1.0f);
+    void *x = nullptr, *xheavy = nullptr, *w = nullptr, *gate = nullptr;
+    uint32_t *masks = nullptr, *twell = nullptr;
+    int32_t *flags = nullptr;
+    cudaMalloc(&x, xh.size() * 2);
+    cudaMalloc(&xheavy, xh.size() * 2);
+    cudaMalloc(&w, wh.size() * 2);
+    cudaMemcpy(x, xh.data(), xh.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(xheavy, xh_heavy.data(), xh.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(w, wh.data(), wh.size() * 2, cudaMemcpyHostToDevice);
+    cudaMalloc(&gate, static_cast<size_t>(max_m * n * 2));
+    cudaMalloc(&masks, static_cast<size_t>(max_m * n / 8));
+    const int64_t ld = n / 128 * 32;  // T = 128 / C = 4: 44 blocks of 32 words (T = 256 / C = 8 uses half)
+    cudaMalloc(&twell, static_cast<size_t>(max_m * ld * 4));
+    cudaMalloc(&flags, static_cast<size_t>(max_m * 4));
+    const float alpha = 1, beta = 0;
+    auto cublas = [&](const void *xs, int64_t m) {
+        cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, w,
+                     CUDA_R_16BF, static_cast<int>(k), xs, CUDA_R_16BF, static_cast<int>(k), &beta, gate, CUDA_R_16BF,
+                     static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    };
+    for (int64_t m : {4096, 16384, 65536}) {
+        printf("M = %ld (N = %ld, K = %ld)\n", static_cast<long>(m), static_cast<long>(n), static_cast<long>(k));
+        const MaskedGateGemm g{x, k, w, k, m, n, k, gate, n, masks, n / 32};
+        const TwellOut o256{twell, ld, 256, 32, flags};
+        const float t_cublas = time_us(st, [&] { cublas(x, m); });
+        const float t_masked = time_us(st, [&] { masked_gate::launch_typed<BF>(st, g, 0, sms); });
+        const float t_twell = time_us(st, [&] { launch_twell(st, x, w, m, n, k, o256, sms); });
+        printf("  cublasGemmEx %.1f us, masked GEMM %.1f us (%.3fx), TwELL epilogue %.1f us (%.3fx), %s\n", t_cublas,
+               t_masked, t_masked / t_cublas, t_twell, t_twell / t_cublas, cudaGetErrorString(cudaGetLastError()));
+        if (m == 16384) {  // the steps' costs: staging alone, + headers, + entries without headers
+            const float t1 = time_us(st, [&] { launch_twell<1>(st, x, w, m, n, k, o256, sms); });
+            const float t3 = time_us(st, [&] { launch_twell<3>(st, x, w, m, n, k, o256, sms); });
+            const float t5 = time_us(st, [&] { launch_twell<5>(st, x, w, m, n, k, o256, sms); });
+            const float t0 = time_us(st, [&] { launch_twell<0>(st, x, w, m, n, k, o256, sms); });
+            printf("  steps: words only %.1f us, + staging %.1f, + staging and headers %.1f, + staging and entries %.1f\n", t0,
+                   t1, t3, t5);
+        }
+        if (m != 4096) continue;
+        for (const void *xs : {x, xheavy}) {
+            printf(" %s\n", xs == x ? "uniform rows" : "with a dense row every 997");
+            cublas(xs, m);
+            std::vector<uint16_t> ref(static_cast<size_t>(m * n));
+            cudaStreamSynchronize(st);
+            cudaMemcpy(ref.data(), gate, ref.size() * 2, cudaMemcpyDeviceToHost);
+            for (const TwellOut &o : {o256, TwellOut{twell, ld, 128, 32, flags}}) {
+                launch_twell(st, xs, w, m, n, k, o, sms);
+                std::vector<uint32_t> tw(static_cast<size_t>(m * ld));
+                std::vector<int32_t> fl(static_cast<size_t>(m));
+                cudaStreamSynchronize(st);
+                cudaMemcpy(tw.data(), twell, tw.size() * 4, cudaMemcpyDeviceToHost);
+                cudaMemcpy(fl.data(), flags, fl.size() * 4, cudaMemcpyDeviceToHost);
+                check(tw, fl, ref, m, n, o);
+            }
+        }
+    }
+    printf("%s\n", cudaGetErrorString(cudaDeviceSynchronize()));
+    return 0;
+}
