@@ -6,7 +6,8 @@
 // keeps one pass:
 //   1. the accumulators are tested as the masked epilogue tests them; an active value is staged
 //      in shared memory (its tile column, which of the thread's two rows, its 16 bits), up to
-//      kStage a thread; a thread with more (a dense row) walks its accumulators a second time;
+//      kStage a thread; a thread with more (a dense row) walks its accumulators again for each
+//      further kStage;
 //   2. the quad's lanes OR their bits into the rows' 32-column words (two shuffles, as now) and
 //      keep them in shared memory (a row lies in one quad of one warp: no block barrier);
 //   3. one lane a (row, TwELL block) writes the header from the words' population counts (count,
@@ -107,29 +108,9 @@ template <class T, int kTileN, int kStage, int kSteps = 7> class TwellEpilogue {
         const int m_rem = static_cast<int>(min<int64_t>(m_total - m0, int64_t{kRows}));
         const int n_rem = static_cast<int>(min<int64_t>(n_total - n0, int64_t{kTileN}));
 
-        // 1. tests, bits, staged entries
+        // 1. tests, bits, and the thread's first kStage active entries staged (staged counts them all)
         uint32_t bits[2][kWords] = {};
-        int staged = 0;
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < kTileN / 2; i += 2) {
-            const int v1 = (i / 2) % 2, block = i / 4;
-            const bool a0 = masked_gate::active_float<R>(acc(i)), a1 = masked_gate::active_float<R>(acc(i + 1));
-            bits[v1][block / 4] |= (static_cast<uint32_t>(a0) | static_cast<uint32_t>(a1) << 1) << (8 * (block % 4));
-            if (a0 | a1) {
-                const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
-                const uint32_t packed = R::pack2(acc(i), acc(i + 1));
-                if ((kSteps & 1) && lr < m_rem) {
-                    if (a0 && lc < n_rem) {
-                        if (staged < kStage) sh.staged[staged][thread_idx] = lc | v1 << 8 | packed << 16;
-                        ++staged;
-                    }
-                    if (a1 && lc + 1 < n_rem) {
-                        if (staged < kStage) sh.staged[staged][thread_idx] = (lc + 1) | v1 << 8 | (packed & 0xffff0000u);
-                        ++staged;
-                    }
-                }
-            }
-        }
+        const int staged = stage_entries<true>(acc, c_thr, m_rem, n_rem, 0, thread_idx, sh, bits);
         // 2. the rows' words, ORed over the quad, clipped to the problem's columns
         const int quad_lane = thread_idx & 3;
         const int lane_shift = static_cast<int>(get<1>(c_thr(0)) & 7);
@@ -163,38 +144,69 @@ template <class T, int kTileN, int kStage, int kSteps = 7> class TwellEpilogue {
                 if (count > slots) p_.flags[m0 + lr] = 1;
             }
         }
-        // 4. entries at their ranks
-        auto put = [&](int v1, int lc, uint32_t value_hi) {
-            const int lr = v1 ? row_of[1] : row_of[0], b = lc / tw, w = lc / 32;
-            int rank = __popc(sh.row_words[lr][w] & ((1u << (lc % 32)) - 1u));
-            for (int k = b * bw; k < w; ++k) rank += __popc(sh.row_words[lr][k]);
-            if (rank < slots)
-                p_.twell[(m0 + lr) * p_.ld + (block0 + b) * p_.block_words + 1 + rank] =
-                    static_cast<uint32_t>(n0 + lc) | value_hi;
-        };
-        if (!(kSteps & 4)) {
-        } else if (staged <= kStage) {
-            for (int s = 0; s < staged; ++s) {
-                const uint32_t e = sh.staged[s][thread_idx];
-                put(static_cast<int>(e >> 8 & 1u), static_cast<int>(e & 0xffu), e & 0xffff0000u);
-            }
-        } else {  // a dense row: every active accumulator again
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kTileN / 2; i += 2) {
-                const int v1 = (i / 2) % 2;
-                const bool a0 = masked_gate::active_float<R>(acc(i)), a1 = masked_gate::active_float<R>(acc(i + 1));
-                if (a0 | a1) {
-                    const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
-                    const uint32_t packed = R::pack2(acc(i), acc(i + 1));
-                    if (lr < m_rem && a0 && lc < n_rem) put(v1, lc, packed << 16);
-                    if (lr < m_rem && a1 && lc + 1 < n_rem) put(v1, lc + 1, packed & 0xffff0000u);
+        // 4. entries at their ranks, kStage at a time: a thread with more (a dense row) walks its
+        //    accumulators again for each further batch (one copy of the walk, in a loop: an
+        //    inlined store per accumulator made the kernel ~4x the masked one's code)
+        if (kSteps & 4) {
+            uint32_t *const out0 = p_.twell + (m0 + row_of[0]) * p_.ld + block0 * p_.block_words;
+            uint32_t *const out1 = p_.twell + (m0 + row_of[1]) * p_.ld + block0 * p_.block_words;
+            for (int skip = 0;;) {
+                const int n = min(staged - skip, kStage);
+                for (int e = 0; e < n; ++e) {
+                    const uint32_t entry = sh.staged[e][thread_idx];
+                    const int v1 = static_cast<int>(entry >> 8 & 1u), lc = static_cast<int>(entry & 0xffu);
+                    const uint32_t *words = sh.row_words[v1 ? row_of[1] : row_of[0]];
+                    const int b = lc / tw, w = lc / 32;
+                    int rank = __popc(words[w] & ((1u << (lc % 32)) - 1u));
+                    for (int k = b * bw; k < w; ++k) rank += __popc(words[k]);
+                    if (rank < slots)
+                        (v1 ? out1 : out0)[b * p_.block_words + 1 + rank] =
+                            static_cast<uint32_t>(n0 + lc) | (entry & 0xffff0000u);
                 }
+                skip += kStage;
+                if (skip >= staged) break;
+                uint32_t unused[2][kWords];
+                stage_entries<false>(acc, c_thr, m_rem, n_rem, skip, thread_idx, sh, unused);
             }
         }
         __syncwarp();  // the next tile's words overwrite these
     }
 
   private:
+    /// One walk over the thread's accumulators: the active ones counted in the walk's order, those
+    /// numbered [skip, skip + kStage) staged as tile column | row bit << 8 | value << 16; with
+    /// kBits the row bits too (the first walk). Returns the count.
+    template <bool kBits, class Acc, class Coord>
+    CUTLASS_DEVICE int stage_entries(Acc const &acc, Coord const &c_thr, int m_rem, int n_rem, int skip, int thread_idx,
+                                     SharedStorage &sh, uint32_t (&bits)[2][kWords]) {
+        int count = 0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kTileN / 2; i += 2) {
+            const int v1 = (i / 2) % 2, block = i / 4;
+            const bool a0 = masked_gate::active_float<R>(acc(i)), a1 = masked_gate::active_float<R>(acc(i + 1));
+            if constexpr (kBits)
+                bits[v1][block / 4] |= (static_cast<uint32_t>(a0) | static_cast<uint32_t>(a1) << 1)
+                                       << (8 * (block % 4));
+            if ((kSteps & 1) && (a0 | a1)) {
+                const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
+                const uint32_t packed = R::pack2(acc(i), acc(i + 1));
+                if (lr < m_rem) {
+                    if (a0 && lc < n_rem) {
+                        if (count >= skip && count < skip + kStage)
+                            sh.staged[count - skip][thread_idx] = lc | v1 << 8 | packed << 16;
+                        ++count;
+                    }
+                    if (a1 && lc + 1 < n_rem) {
+                        if (count >= skip && count < skip + kStage)
+                            sh.staged[count - skip][thread_idx] = (lc + 1) | v1 << 8 | (packed & 0xffff0000u);
+                        ++count;
+                    }
+                }
+            }
+        }
+        return count;
+    }
+
     Params p_;
 };
 
