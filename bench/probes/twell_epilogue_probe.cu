@@ -6,8 +6,7 @@
 // keeps one pass:
 //   1. the accumulators are tested as the masked epilogue tests them; an active value is staged
 //      in shared memory (its tile column, which of the thread's two rows, its 16 bits), up to
-//      kStage a thread; a thread with more (a dense row) walks its accumulators again for each
-//      further kStage;
+//      kStage a thread; a thread with more (a dense row) walks its accumulators a second time;
 //   2. the quad's lanes OR their bits into the rows' 32-column words (two shuffles, as now) and
 //      keep them in shared memory (a row lies in one quad of one warp: no block barrier);
 //   3. one lane a (row, TwELL block) writes the header from the words' population counts (count,
@@ -60,7 +59,8 @@ struct TwellOut {
     int32_t *flags;
 };
 
-// kSteps: which steps run (an ablation for timing: 1 staging, 2 headers, 4 entries; 7 is the epilogue)
+// kSteps: which steps run (an ablation for timing: 1 staging, 2 headers, 4 entries; 7 is the epilogue;
+// 8 leaves out the dense rows' second walk, dropping their entries past kStage: timing only)
 template <class T, int kTileN, int kStage, int kSteps = 7> class TwellEpilogue {
   public:
     using R = masked_gate::Round<T>;
@@ -110,7 +110,7 @@ template <class T, int kTileN, int kStage, int kSteps = 7> class TwellEpilogue {
 
         // 1. tests, bits, and the thread's first kStage active entries staged (staged counts them all)
         uint32_t bits[2][kWords] = {};
-        const int staged = stage_entries<true>(acc, c_thr, m_rem, n_rem, 0, thread_idx, sh, bits);
+        const int staged = stage_entries(acc, c_thr, m_rem, n_rem, thread_idx, sh, bits);
         // 2. the rows' words, ORed over the quad, clipped to the problem's columns
         const int quad_lane = thread_idx & 3;
         const int lane_shift = static_cast<int>(get<1>(c_thr(0)) & 7);
@@ -144,15 +144,14 @@ template <class T, int kTileN, int kStage, int kSteps = 7> class TwellEpilogue {
                 if (count > slots) p_.flags[m0 + lr] = 1;
             }
         }
-        // 4. entries at their ranks, kStage at a time: a thread with more (a dense row) walks its
-        //    accumulators again for each further batch (one copy of the walk, in a loop: an
-        //    inlined store per accumulator made the kernel ~4x the masked one's code)
+        // 4. entries at their ranks: the staged ones, or (a thread with more than kStage: a dense
+        //    row) every active accumulator again (an unrolled walk: a walk in a run-time loop put
+        //    the accumulators in local memory; an inlined call per accumulator tripled the code)
         if (kSteps & 4) {
             uint32_t *const out0 = p_.twell + (m0 + row_of[0]) * p_.ld + block0 * p_.block_words;
             uint32_t *const out1 = p_.twell + (m0 + row_of[1]) * p_.ld + block0 * p_.block_words;
-            for (int skip = 0;;) {
-                const int n = min(staged - skip, kStage);
-                for (int e = 0; e < n; ++e) {
+            if (staged <= kStage) {
+                for (int e = 0; e < staged; ++e) {
                     const uint32_t entry = sh.staged[e][thread_idx];
                     const int v1 = static_cast<int>(entry >> 8 & 1u), lc = static_cast<int>(entry & 0xffu);
                     const uint32_t *words = sh.row_words[v1 ? row_of[1] : row_of[0]];
@@ -163,42 +162,51 @@ template <class T, int kTileN, int kStage, int kSteps = 7> class TwellEpilogue {
                         (v1 ? out1 : out0)[b * p_.block_words + 1 + rank] =
                             static_cast<uint32_t>(n0 + lc) | (entry & 0xffff0000u);
                 }
-                skip += kStage;
-                if (skip >= staged) break;
-                uint32_t unused[2][kWords];
-                stage_entries<false>(acc, c_thr, m_rem, n_rem, skip, thread_idx, sh, unused);
+            } else if constexpr (!(kSteps & 8)) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int i = 0; i < kTileN / 2; i += 2) {
+                    const int v1 = (i / 2) % 2, w = i / 16;  // 8 columns a block of 4 accumulators
+                    const bool a0 = masked_gate::active_float<R>(acc(i)), a1 = masked_gate::active_float<R>(acc(i + 1));
+                    const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
+                    if ((a0 | a1) && lr < m_rem) {
+                        const uint32_t packed = R::pack2(acc(i), acc(i + 1));
+                        uint32_t *out = (v1 ? out1 : out0) + (lc / tw) * p_.block_words + 1;
+                        const uint32_t *words = sh.row_words[v1 ? row_of[1] : row_of[0]];
+                        int rank0 = __popc(words[w] & ((1u << (lc % 32)) - 1u));
+                        for (int k = w / bw * bw; k < w; ++k) rank0 += __popc(words[k]);
+                        if (a0 && lc < n_rem && rank0 < slots)
+                            out[rank0] = static_cast<uint32_t>(n0 + lc) | packed << 16;
+                        if (a1 && lc + 1 < n_rem && rank0 + a0 < slots)
+                            out[rank0 + a0] = static_cast<uint32_t>(n0 + lc + 1) | (packed & 0xffff0000u);
+                    }
+                }
             }
         }
         __syncwarp();  // the next tile's words overwrite these
     }
 
   private:
-    /// One walk over the thread's accumulators: the active ones counted in the walk's order, those
-    /// numbered [skip, skip + kStage) staged as tile column | row bit << 8 | value << 16; with
-    /// kBits the row bits too (the first walk). Returns the count.
-    template <bool kBits, class Acc, class Coord>
-    CUTLASS_DEVICE int stage_entries(Acc const &acc, Coord const &c_thr, int m_rem, int n_rem, int skip, int thread_idx,
+    /// The walk over the thread's accumulators: its bits of the rows' words, and its first kStage
+    /// active values staged as tile column | row bit << 8 | value << 16. Returns the active count.
+    template <class Acc, class Coord>
+    CUTLASS_DEVICE int stage_entries(Acc const &acc, Coord const &c_thr, int m_rem, int n_rem, int thread_idx,
                                      SharedStorage &sh, uint32_t (&bits)[2][kWords]) {
         int count = 0;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < kTileN / 2; i += 2) {
             const int v1 = (i / 2) % 2, block = i / 4;
             const bool a0 = masked_gate::active_float<R>(acc(i)), a1 = masked_gate::active_float<R>(acc(i + 1));
-            if constexpr (kBits)
-                bits[v1][block / 4] |= (static_cast<uint32_t>(a0) | static_cast<uint32_t>(a1) << 1)
-                                       << (8 * (block % 4));
+            bits[v1][block / 4] |= (static_cast<uint32_t>(a0) | static_cast<uint32_t>(a1) << 1) << (8 * (block % 4));
             if ((kSteps & 1) && (a0 | a1)) {
                 const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
                 const uint32_t packed = R::pack2(acc(i), acc(i + 1));
                 if (lr < m_rem) {
                     if (a0 && lc < n_rem) {
-                        if (count >= skip && count < skip + kStage)
-                            sh.staged[count - skip][thread_idx] = lc | v1 << 8 | packed << 16;
+                        if (count < kStage) sh.staged[count][thread_idx] = lc | v1 << 8 | packed << 16;
                         ++count;
                     }
                     if (a1 && lc + 1 < n_rem) {
-                        if (count >= skip && count < skip + kStage)
-                            sh.staged[count - skip][thread_idx] = (lc + 1) | v1 << 8 | (packed & 0xffff0000u);
+                        if (count < kStage) sh.staged[count][thread_idx] = (lc + 1) | v1 << 8 | (packed & 0xffff0000u);
                         ++count;
                     }
                 }
@@ -376,8 +384,11 @@ int main() {
             const float t3 = time_us(st, [&] { launch_twell<3>(st, x, w, m, n, k, o256, sms); });
             const float t5 = time_us(st, [&] { launch_twell<5>(st, x, w, m, n, k, o256, sms); });
             const float t0 = time_us(st, [&] { launch_twell<0>(st, x, w, m, n, k, o256, sms); });
-            printf("  steps: words only %.1f us, + staging %.1f, + staging and headers %.1f, + staging and entries %.1f\n", t0,
-                   t1, t3, t5);
+            const float t15 = time_us(st, [&] { launch_twell<15>(st, x, w, m, n, k, o256, sms); });
+            printf(
+                "  steps: words only %.1f us, + staging %.1f, + staging and headers %.1f, + staging and entries %.1f; "
+                "everything but the dense rows' second walk (its code left out) %.1f\n",
+                t0, t1, t3, t5, t15);
         }
         if (m != 4096) continue;
         for (const void *xs : {x, xheavy}) {
