@@ -15,8 +15,9 @@
 //      ascend, deterministic mode's order too) and goes out as one 32-bit store.
 // Times, at the paper's gate (N = 5632, K = 2048) for M = 4096, 16384 and 65536: cublasGemmEx,
 // the library's masked GEMM (128 x 256, clusters of two), and the TwELL epilogue on the same
-// mainloop (with the flags' memset); checks the TwELL (T = 256 / C = 8 and T = 128 / C = 4)
-// against relu(cuBLAS): counts, ascending columns, values. Build here (from the repository root,
+// mainloop (with the flags' memset); checks the TwELL (T = 256 / C = 8, 128 / 4 and 64 / 8; the
+// timed shape at 4096 rows and 1000 x 1000, uniform rows and dense ones) against relu(cuBLAS):
+// counts, ascending columns, values, overflow flags. Build here (from the repository root,
 // after configuring `build`), run on the GPU machine:
 //   nvcc -arch=sm_90a -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DTWBLAS_HAVE_SM90A -Isrc \
 //     -Isrc/device -Iinclude -Ibuild/include -isystem .deps/cutlass/cutlass_library/source/include \
@@ -390,24 +391,35 @@ int main() {
                 "everything but the dense rows' second walk (its code left out) %.1f\n",
                 t0, t1, t3, t5, t15);
         }
-        if (m != 4096) continue;
+    }
+    // checks: the timed shape, and one with partial row and column tiles (1000 x 1000: the last
+    // GEMM tile 232 columns wide, the last 64-wide TwELL block 40), every tile width
+    struct Case {
+        int64_t m, n;
+    };
+    for (const Case c : {Case{4096, n}, Case{1000, 1000}})
         for (const void *xs : {x, xheavy}) {
-            printf(" %s\n", xs == x ? "uniform rows" : "with a dense row every 997");
-            cublas(xs, m);
-            std::vector<uint16_t> ref(static_cast<size_t>(m * n));
+            printf(" check %ld x %ld, %s\n", static_cast<long>(c.m), static_cast<long>(c.n),
+                   xs == x ? "uniform rows" : "with a dense row every 997");
+            const float alpha1 = 1, beta0 = 0;
+            cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(c.n), static_cast<int>(c.m),
+                         static_cast<int>(k), &alpha1, w, CUDA_R_16BF, static_cast<int>(k), xs, CUDA_R_16BF,
+                         static_cast<int>(k), &beta0, gate, CUDA_R_16BF, static_cast<int>(c.n), CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT);
+            std::vector<uint16_t> ref(static_cast<size_t>(c.m * c.n));
             cudaStreamSynchronize(st);
             cudaMemcpy(ref.data(), gate, ref.size() * 2, cudaMemcpyDeviceToHost);
-            for (const TwellOut &o : {o256, TwellOut{twell, ld, 128, 32, flags}}) {
-                launch_twell(st, xs, w, m, n, k, o, sms);
-                std::vector<uint32_t> tw(static_cast<size_t>(m * ld));
-                std::vector<int32_t> fl(static_cast<size_t>(m));
+            for (const TwellOut &o : {TwellOut{twell, ld, 256, 32, flags}, TwellOut{twell, ld, 128, 32, flags},
+                                      TwellOut{twell, ld, 64, 8, flags}}) {
+                launch_twell(st, xs, w, c.m, c.n, k, o, sms);
+                std::vector<uint32_t> tw(static_cast<size_t>(c.m * ld));
+                std::vector<int32_t> fl(static_cast<size_t>(c.m));
                 cudaStreamSynchronize(st);
                 cudaMemcpy(tw.data(), twell, tw.size() * 4, cudaMemcpyDeviceToHost);
                 cudaMemcpy(fl.data(), flags, fl.size() * 4, cudaMemcpyDeviceToHost);
-                check(tw, fl, ref, m, n, o);
+                check(tw, fl, ref, c.m, c.n, o);
             }
         }
-    }
     printf("%s\n", cudaGetErrorString(cudaDeviceSynchronize()));
     return 0;
 }
