@@ -117,6 +117,18 @@ constexpr bool kServeGateFetch256 = TWBLAS_SERVE_GATE_FETCH_256;
 #else
 constexpr bool kServeGateFetch256 = true;
 #endif
+/// Whether the serving kernels ask L2 for the Wd rows they read next (prefetch.global.L2, a line a
+/// lane): serve_gate for serve_down's rows, serve_token for its split's columns before each unit's
+/// dot. The same hint in fwd_u made the two-pass path 10-14 % slower (2026-11-27,
+/// h100-fwd-prefetch-down-2026-11-27.txt); in serve_token it has not been timed against its
+/// absence (serve_up's, in 2026-11-25's fourth pass, was level). -DTWBLAS_SERVE_PREFETCH_DOWN=0
+/// builds without, to time it.
+#ifdef TWBLAS_SERVE_PREFETCH_DOWN
+constexpr bool kServePrefetchDown = TWBLAS_SERVE_PREFETCH_DOWN;
+#else
+constexpr bool kServePrefetchDown = true;
+#endif
+
 /// Past kServeGateMaxTokens: the statistics reduced by a one-warp kernel after serve_token
 /// (serve_stats) instead of serve_token's last block behind a ticket that a memset node zeroes
 /// before the gate GEMM. Measured on an H100, graph replay, same call

@@ -252,7 +252,9 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
             const int64_t j = unit0 + b;
             const T *wu = a.pair + j * a.pair_stride;
             // serve_down reads Wd_j next, from other SMs: start bringing it to L2 now
-            for (int64_t k = lane * 64; k < a.dp; k += 32 * 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(wu + a.dp + k));
+            if (heuristics::kServePrefetchDown)
+                for (int64_t k = lane * 64; k < a.dp; k += 32 * 64)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(wu + a.dp + k));
             for (uint32_t toks = unit_tokens[b]; toks; toks &= toks - 1) {
                 const int t = __ffs(toks) - 1;
                 const float dot = serve_row_dot(wu, a.x + t * a.x_rs, a.d, a.dp, lane);
@@ -516,8 +518,10 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
         for (int i = warp; i < n; i += W) {
             const int64_t j = units[i];
             const T *row = a.pair + j * a.pair_stride;
-            for (int64_t k = static_cast<int64_t>(c0) * E + lane * 64; k < static_cast<int64_t>(c1) * E; k += 32 * 64)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(row + down + k));
+            if (heuristics::kServePrefetchDown)
+                for (int64_t k = static_cast<int64_t>(c0) * E + lane * 64; k < static_cast<int64_t>(c1) * E;
+                     k += 32 * 64)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + down + k));
             float h = hs[i];
             if (a.gated) h = round_to<T>(h * round_to<T>(warp_row_dot<T>(xs, row, nchunks)));
             __syncwarp();  // every lane has read g before lane 0 overwrites it
