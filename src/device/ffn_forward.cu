@@ -199,7 +199,10 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
                              a);
         return;
     }
-    // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows
+    // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows (the
+    // ticket serve_gate zeroes, or none: serve_stats after serve_down; one token publishes from
+    // registers either way)
+    if (heuristics::kServeStatsKernelFew && p.m > 1) a.ticket = nullptr;
     if (p.m <= 8)
         launch_serve_gate<T, 1, heuristics::kServeGateChunks>(stream, a);
     else
@@ -209,6 +212,8 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     launch_dependent(serve_down<T>,
                      dim3(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols})), static_cast<unsigned>(a.m)),
                      dim3(32 * kServeDownWarps), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_down)", a);
+    if (!a.ticket)
+        launch_dependent(serve_stats<T>, dim3(1), dim3(32), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_stats)", a);
 }
 
 /// Where dense mode keeps z, u and h (M x ldg each): h over u in the workspace (z stays for the

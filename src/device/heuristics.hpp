@@ -140,6 +140,15 @@ constexpr bool kServeStatsKernel = TWBLAS_SERVE_STATS_KERNEL;
 #else
 constexpr bool kServeStatsKernel = true;
 #endif
+/// From 2 to kServeGateMaxTokens tokens, the same kernel after serve_down instead of serve_down's
+/// last counting block behind the ticket that serve_gate zeroes. There is no memset node to remove
+/// here, only the ticket's atomics and fences. Not timed yet, so off:
+/// -DTWBLAS_SERVE_STATS_KERNEL_FEW=1 builds it on, to time it (and to test it on a GPU).
+#ifdef TWBLAS_SERVE_STATS_KERNEL_FEW
+constexpr bool kServeStatsKernelFew = TWBLAS_SERVE_STATS_KERNEL_FEW;
+#else
+constexpr bool kServeStatsKernelFew = false;
+#endif
 bool serve_applies(const FfnProblem &p);
 
 /// Token groups of the backward's per-unit sums for the hot units (backward_hot_units): each hot

@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     allow_dependent_launch();
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
     const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
-    if (blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;  // serve_down waits for this grid before using it
+    if (a.ticket && blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;  // serve_down waits for this grid first
     if (threadIdx.x < kServeGateUnits) unit_tokens[threadIdx.x] = 0;
 
     const bool wok = unit0 + g < a.h;
@@ -597,9 +597,9 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
     serve_finish_row<true>(a, t, total, over, row_l1, last_record);
 }
 
-/// After serve_token without a ticket: one warp reduces the rows' statistics in a fixed order and
-/// publishes them, so that no memset node zeroes a ticket before the gate GEMM and no token block
-/// waits on one.
+/// After serve_token (or serve_down, heuristics::kServeStatsKernelFew) without a ticket: one warp reduces the rows'
+/// statistics in a fixed order and publishes them, so that no memset node zeroes a ticket before the gate GEMM and no
+/// token block waits on one.
 template <class T>
 __global__ void __launch_bounds__(32) serve_stats(ServeArgs<T> a) {
     const uint4 last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);  // read by lane 0
