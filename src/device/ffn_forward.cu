@@ -157,9 +157,9 @@ template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, con
 }
 
 template <class T>
-void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
-                  const GemmOperand &xg, const MatrixArg &y, const FfnScratch &s, unsigned long long *neuron_counts,
-                  bool write_h) {
+void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnWeights &w,
+                  const MatrixArg &x, const GemmOperand &xg, const MatrixArg &y, const FfnScratch &s,
+                  unsigned long long *neuron_counts, bool write_h) {
     ServeArgs<T> a{};
     a.x = static_cast<const T *>(x.ptr), a.x_rs = x.rs, a.m = static_cast<int>(p.m);
     a.d = p.d, a.dp = p.dp, a.h = p.h;
@@ -620,12 +620,7 @@ CallKey inference_key(const FfnProblem &p, const ForwardPath &path, const twDnMa
                       const twSpMatDescr *hidden, const void *workspace) {
     CallKey k;
     k.add(p.m).add(p.highest).add(p.fp8).add(p.deterministic).add(p.tile).add(p.slots);
-    k.add(path.serve)
-        .add(path.decode)
-        .add(path.dense_mode)
-        .add(path.masked_gate)
-        .add(path.two_pass)
-        .add(path.cublas_rows);
+    k.add(path.serve).add(path.decode).add(path.dense_mode).add(path.masked_gate).add(path.two_pass).add(path.cublas_rows);
     k.add(path.lists_in_fwd_u);
     for (const twDnMatDescr *d : {&x, &y}) k.add(d->values).add(d->ld).add(d->order);
     k.add(workspace).add(hidden);

@@ -597,9 +597,9 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
     serve_finish_row<true>(a, t, total, over, row_l1, last_record);
 }
 
-/// After serve_token (or serve_down, heuristics::kServeStatsKernelFew) without a ticket: one warp reduces the rows'
-/// statistics in a fixed order and publishes them, so that no memset node zeroes a ticket before the gate GEMM and no
-/// token block waits on one.
+/// After serve_token (or serve_down, heuristics::kServeStatsKernelFew) without a ticket: one warp
+/// reduces the rows' statistics in a fixed order and publishes them, so that no memset node zeroes
+/// a ticket before the gate GEMM and no token block waits on one.
 template <class T>
 __global__ void __launch_bounds__(32) serve_stats(ServeArgs<T> a) {
     const uint4 last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);  // read by lane 0
