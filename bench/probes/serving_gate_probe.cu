@@ -18,26 +18,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "gate_probe_host.hpp"
 #include "gemm/masked_gate_gemm.cuh"
 
-namespace twblas {
-[[noreturn]] void fail(twStatus_t s, const char *fmt, ...) {
-    va_list a;
-    va_start(a, fmt);
-    vfprintf(stderr, fmt, a);
-    va_end(a);
-    fprintf(stderr, " (%d)\n", static_cast<int>(s));
-    std::exit(1);
-}
-}  // namespace twblas
 using namespace twblas::cuda;
 using namespace cute;
+using namespace gate_probe;
 using BF = cutlass::bfloat16_t;
 using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 
@@ -47,35 +38,6 @@ struct Weights {
     std::vector<void *> copies;  // rotated: each launch reads a copy that left L2
     int64_t n, k;
 };
-
-float bf16_to_float(uint16_t b) {
-    const uint32_t u = static_cast<uint32_t>(b) << 16;
-    float v;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
-
-// uniform values in [-0.5, 0.5) with a bias column (x[:, 0] = 1, w[:, 0] = -9.75 at K = 2048; the
-// bias scaled with sqrt(K) at other K) that leaves ~0.5 % of the gate active
-std::vector<uint16_t> random_bf16(int64_t rows, int64_t k, uint32_t seed, uint16_t bias) {
-    std::vector<uint16_t> h(static_cast<size_t>(rows * k));
-    uint32_t s = seed;
-    for (auto &v : h) {
-        s = s * 1664525u + 1013904223u;
-        const float f = (s >> 8) / 16777216.0f - 0.5f;
-        uint32_t b;
-        std::memcpy(&b, &f, 4);
-        v = static_cast<uint16_t>(b >> 16);
-    }
-    for (int64_t r = 0; r < rows; ++r) h[static_cast<size_t>(r * k)] = bias;
-    return h;
-}
-
-uint16_t bf16_of(float f) {
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    return static_cast<uint16_t>(b >> 16);
-}
 
 template <class K>
 float time_masked(const char *name, MaskedGateGemm g, const Weights &w, cudaStream_t st, int sms) {

@@ -26,26 +26,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "gate_probe_host.hpp"
 #include "gemm/masked_gate_gemm.cuh"
 
-namespace twblas {
-[[noreturn]] void fail(twStatus_t s, const char *fmt, ...) {
-    va_list a;
-    va_start(a, fmt);
-    vfprintf(stderr, fmt, a);
-    va_end(a);
-    fprintf(stderr, " (%d)\n", static_cast<int>(s));
-    std::exit(1);
-}
-}  // namespace twblas
 using namespace twblas::cuda;
 using namespace cute;
+using namespace gate_probe;
 using BF = cutlass::bfloat16_t;
 
 namespace {
@@ -254,29 +245,6 @@ void launch_twell(cudaStream_t st, const void *x, const void *w, int64_t m, int6
         fprintf(stderr, "TwELL epilogue GEMM: launch failed\n");
         std::exit(1);
     }
-}
-
-float bf16_to_float(uint16_t b) {
-    const uint32_t u = static_cast<uint32_t>(b) << 16;
-    float v;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
-uint16_t bf16_of(float f) {
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    return static_cast<uint16_t>(b >> 16);
-}
-// uniform values in [-0.5, 0.5) with a bias column that leaves ~0.5 % of the gate active
-std::vector<uint16_t> random_bf16(int64_t rows, int64_t k, uint32_t seed, uint16_t bias) {
-    std::vector<uint16_t> h(static_cast<size_t>(rows * k));
-    uint32_t s = seed;
-    for (auto &v : h) {
-        s = s * 1664525u + 1013904223u;
-        v = bf16_of((s >> 8) / 16777216.0f - 0.5f);
-    }
-    for (int64_t r = 0; r < rows; ++r) h[static_cast<size_t>(r * k)] = bias;
-    return h;
 }
 
 template <class F> float time_us(cudaStream_t st, F &&launch, int n = 10) {

@@ -173,13 +173,15 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.tile = p.tile, a.slots = p.slots, a.row_limit = s.row_limit;
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
+    // the step's statistics: by serve_stats after the last kernel (no ticket), or by the last
+    // counting block behind a ticket; one token publishes them from registers either way
+    const bool stats_kernel = p.m > 1 && (p.m > heuristics::kServeGateMaxTokens ? heuristics::kServeStatsKernel
+                                                                                : heuristics::kServeStatsKernelFew);
+    if (stats_kernel) a.ticket = nullptr;
     if (p.m > heuristics::kServeGateMaxTokens) {
-        // serve_finish_row's ticket zeroed (or none: serve_stats after serve_token), cuBLAS's gate
-        // GEMM (z rounded to T), then serve_token
-        if (heuristics::kServeStatsKernel)
-            a.ticket = nullptr;
-        else
-            check(cudaMemsetAsync(a.ticket, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
+        // the ticket zeroed (serve_gate zeroes it on its own path), cuBLAS's gate GEMM (z rounded
+        // to T), then serve_token
+        if (a.ticket) check(cudaMemsetAsync(a.ticket, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
         run_gate_gemm(stream, st, p, xg, s);
         const int warps = heuristics::serve_token_warps(p.m, write_h);
         const int splits = heuristics::serve_token_splits(p.m, p.dp, write_h, warps);
@@ -194,25 +196,20 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
             launch_dependent(serve_token<T, 16, 2>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
         else
             fail(TW_STATUS_INTERNAL_ERROR, "serve_token: no instance for %lld chunks a split", static_cast<long long>(per_split));
-        if (!a.ticket)
-            launch_dependent(serve_stats<T>, dim3(1), dim3(32), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_stats)",
-                             a);
-        return;
+    } else {
+        // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows
+        if (p.m <= 8)
+            launch_serve_gate<T, 1, heuristics::kServeGateChunks>(stream, a);
+        else
+            launch_serve_gate<T, 2, 4>(stream, a);
+        static_assert(heuristics::kServeGateMaxTokens <= 16, "serve_gate takes up to 2 x rows of 8 tokens");
+        // serve_down: a block per (256 columns, token)
+        launch_dependent(
+            serve_down<T>,
+            dim3(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols})), static_cast<unsigned>(a.m)),
+            dim3(32 * kServeDownWarps), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_down)", a);
     }
-    // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows (the
-    // ticket serve_gate zeroes, or none: serve_stats after serve_down; one token publishes from
-    // registers either way)
-    if (heuristics::kServeStatsKernelFew && p.m > 1) a.ticket = nullptr;
-    if (p.m <= 8)
-        launch_serve_gate<T, 1, heuristics::kServeGateChunks>(stream, a);
-    else
-        launch_serve_gate<T, 2, 4>(stream, a);
-    static_assert(heuristics::kServeGateMaxTokens <= 16, "serve_gate takes up to 2 x rows of 8 tokens");
-    // serve_down: a block per (256 columns, token)
-    launch_dependent(serve_down<T>,
-                     dim3(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols})), static_cast<unsigned>(a.m)),
-                     dim3(32 * kServeDownWarps), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_down)", a);
-    if (!a.ticket)
+    if (stats_kernel)
         launch_dependent(serve_stats<T>, dim3(1), dim3(32), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_stats)", a);
 }
 
