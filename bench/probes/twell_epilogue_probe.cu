@@ -14,9 +14,11 @@
 //   4. each staged entry's slot is its rank among the row's set bits of its block (so the entries
 //      ascend, deterministic mode's order too) and goes out as one 32-bit store.
 // Times, at the paper's gate (N = 5632, K = 2048) for M = 4096, 16384 and 65536: cublasGemmEx,
-// the library's masked GEMM (128 x 256, clusters of two), and the TwELL epilogue on the same
-// mainloop (with the flags' memset); checks the TwELL (T = 256 / C = 8, 128 / 4 and 64 / 8; the
-// timed shape at 4096 rows and 1000 x 1000, uniform rows and dense ones) against relu(cuBLAS):
+// the library's masked GEMM (128 x 256 cooperative, clusters of two) and the same mainloop with a
+// pingpong 64 x 256 tile (whose epilogue runs beside the other warpgroup's mainloop), and the TwELL
+// epilogue on both (with the flags' memset); at 16384 rows also the pingpong epilogue's steps.
+// Checks the TwELL of both (T = 256 / C = 8, 128 / 4 and 64 / 8; the timed shape at 4096 rows and
+// 1000 x 1000, uniform rows and dense ones) against relu(cuBLAS):
 // counts, ascending columns, values, overflow flags. Build here (from the repository root,
 // after configuring `build`), run on the GPU machine:
 //   nvcc -arch=sm_90a -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DTWBLAS_HAVE_SM90A -Isrc \
@@ -29,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "gate_probe_host.hpp"
@@ -38,6 +41,8 @@ using namespace twblas::cuda;
 using namespace cute;
 using namespace gate_probe;
 using BF = cutlass::bfloat16_t;
+using MaskedPingpong =
+    masked_gate::Kernel<BF, Shape<_64, _256, _64>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
 
 namespace {
 
@@ -53,7 +58,8 @@ struct TwellOut {
 
 // kSteps: which steps run (an ablation for timing: 1 staging, 2 headers, 4 entries; 7 is the epilogue;
 // 8 leaves out the dense rows' second walk, dropping their entries past kStage: timing only)
-template <class T, int kTileN, int kStage, int kSteps = 7> class TwellEpilogue {
+template <class T, int kTileM, int kTileN, int kStage, int kSteps = 7>
+class TwellEpilogue {
   public:
     using R = masked_gate::Round<T>;
     using ElementC = void;
@@ -63,7 +69,9 @@ template <class T, int kTileN, int kStage, int kSteps = 7> class TwellEpilogue {
     using ThreadEpilogueOp = void;
     using GmemTiledCopyC = void;
     using GmemTiledCopyD = void;
-    static constexpr int kRows = 128, kThreads = 256, kWords = kTileN / 32;  // the cooperative 128-row tile
+    // a 64-row wgmma tile a warpgroup: 128 rows over 256 threads (cooperative), or 64 over 128
+    // (pingpong, whose two warpgroups run their epilogues one after the other: one staging area)
+    static constexpr int kRows = kTileM, kThreads = 2 * kTileM, kWords = kTileN / 32;
     struct SharedStorage {
         uint32_t row_words[kRows][kWords];   // a row's words: written and read by its own quad
         uint32_t staged[kStage][kThreads];   // a thread's entries: tile column | row bit << 8 | value << 16
@@ -210,25 +218,31 @@ template <class T, int kTileN, int kStage, int kSteps = 7> class TwellEpilogue {
     Params p_;
 };
 
-template <class T, int kStage = 4, int kSteps = 7> struct TwellKernel {
-    using TileShape = Shape<_128, _256, _64>;
+/// The cooperative 128 x 256 tile (the library's masked GEMM) or the pingpong 64 x 256 one, whose
+/// epilogue runs beside the other warpgroup's mainloop.
+template <class T, bool kPingpong, int kStage = 4, int kSteps = 7>
+struct TwellKernel {
+    static constexpr int kTileM = kPingpong ? 64 : 128;
+    using TileShape = Shape<Int<kTileM>, _256, _64>;
     using ClusterShape = Shape<_2, _1, _1>;
-    using Epilogue =
-        cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<TwellEpilogue<T, 256, kStage, kSteps>>;
+    using Schedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                        cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+    using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+        TwellEpilogue<T, kTileM, 256, kStage, kSteps>>;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, 8, T,
         cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-        cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+        Schedule>::CollectiveOp;
     using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                             cutlass::gemm::PersistentScheduler>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 };
 
-template <int kSteps = 7>
+template <bool kPingpong = false, int kSteps = 7>
 void launch_twell(cudaStream_t st, const void *x, const void *w, int64_t m, int64_t n, int64_t k, const TwellOut &out,
                   int sms) {
-    using Gemm = typename TwellKernel<BF, 4, kSteps>::Gemm;
+    using Gemm = typename TwellKernel<BF, kPingpong, 4, kSteps>::Gemm;
     typename Gemm::GemmKernel::StrideA sa{};
     get<0>(sa) = k;
     typename Gemm::GemmKernel::StrideB sb{};
@@ -345,19 +359,18 @@ int main() {
         const TwellOut o256{twell, ld, 256, 32, flags};
         const float t_cublas = time_us(st, [&] { cublas(x, m); });
         const float t_masked = time_us(st, [&] { masked_gate::launch_typed<BF>(st, g, 0, sms); });
+        const float t_masked_pp = time_us(st, [&] { masked_gate::launch_typed<BF, MaskedPingpong>(st, g, 0, sms); });
         const float t_twell = time_us(st, [&] { launch_twell(st, x, w, m, n, k, o256, sms); });
-        printf("  cublasGemmEx %.1f us, masked GEMM %.1f us (%.3fx), TwELL epilogue %.1f us (%.3fx), %s\n", t_cublas,
-               t_masked, t_masked / t_cublas, t_twell, t_twell / t_cublas, cudaGetErrorString(cudaGetLastError()));
-        if (m == 16384) {  // the steps' costs: staging alone, + headers, + entries without headers
-            const float t1 = time_us(st, [&] { launch_twell<1>(st, x, w, m, n, k, o256, sms); });
-            const float t3 = time_us(st, [&] { launch_twell<3>(st, x, w, m, n, k, o256, sms); });
-            const float t5 = time_us(st, [&] { launch_twell<5>(st, x, w, m, n, k, o256, sms); });
-            const float t0 = time_us(st, [&] { launch_twell<0>(st, x, w, m, n, k, o256, sms); });
-            const float t15 = time_us(st, [&] { launch_twell<15>(st, x, w, m, n, k, o256, sms); });
-            printf(
-                "  steps: words only %.1f us, + staging %.1f, + staging and headers %.1f, + staging and entries %.1f; "
-                "everything but the dense rows' second walk (its code left out) %.1f\n",
-                t0, t1, t3, t5, t15);
+        const float t_twell_pp = time_us(st, [&] { launch_twell<true>(st, x, w, m, n, k, o256, sms); });
+        printf(
+            "  cublasGemmEx %.1f us; cooperative 128 x 256: masked GEMM %.1f (%.3fx), TwELL epilogue %.1f (%.3fx); "
+            "pingpong 64 x 256: masked GEMM %.1f (%.3fx), TwELL epilogue %.1f (%.3fx); %s\n",
+            t_cublas, t_masked, t_masked / t_cublas, t_twell, t_twell / t_cublas, t_masked_pp, t_masked_pp / t_cublas,
+            t_twell_pp, t_twell_pp / t_cublas, cudaGetErrorString(cudaGetLastError()));
+        if (m == 16384) {  // the pingpong epilogue's steps: words only, everything but the dense rows' walk
+            const float t0 = time_us(st, [&] { launch_twell<true, 0>(st, x, w, m, n, k, o256, sms); });
+            const float t15 = time_us(st, [&] { launch_twell<true, 15>(st, x, w, m, n, k, o256, sms); });
+            printf("  pingpong steps: words only %.1f us; everything but the dense rows' second walk %.1f\n", t0, t15);
         }
     }
     // checks: the timed shape, and one with partial row and column tiles (1000 x 1000: the last
@@ -379,13 +392,20 @@ int main() {
             cudaMemcpy(ref.data(), gate, ref.size() * 2, cudaMemcpyDeviceToHost);
             for (const TwellOut &o : {TwellOut{twell, ld, 256, 32, flags}, TwellOut{twell, ld, 128, 32, flags},
                                       TwellOut{twell, ld, 64, 8, flags}}) {
-                launch_twell(st, xs, w, c.m, c.n, k, o, sms);
-                std::vector<uint32_t> tw(static_cast<size_t>(c.m * ld));
-                std::vector<int32_t> fl(static_cast<size_t>(c.m));
-                cudaStreamSynchronize(st);
-                cudaMemcpy(tw.data(), twell, tw.size() * 4, cudaMemcpyDeviceToHost);
-                cudaMemcpy(fl.data(), flags, fl.size() * 4, cudaMemcpyDeviceToHost);
-                check(tw, fl, ref, c.m, c.n, o);
+                for (const bool pingpong : {false, true}) {
+                    cudaMemset(twell, 0xff, static_cast<size_t>(c.m * ld * 4));  // stale words must not pass
+                    if (pingpong)
+                        launch_twell<true>(st, xs, w, c.m, c.n, k, o, sms);
+                    else
+                        launch_twell(st, xs, w, c.m, c.n, k, o, sms);
+                    std::vector<uint32_t> tw(static_cast<size_t>(c.m * ld));
+                    std::vector<int32_t> fl(static_cast<size_t>(c.m));
+                    cudaStreamSynchronize(st);
+                    cudaMemcpy(tw.data(), twell, tw.size() * 4, cudaMemcpyDeviceToHost);
+                    cudaMemcpy(fl.data(), flags, fl.size() * 4, cudaMemcpyDeviceToHost);
+                    printf("  %s:", pingpong ? "pingpong" : "cooperative");
+                    check(tw, fl, ref, c.m, c.n, o);
+                }
             }
         }
     printf("%s\n", cudaGetErrorString(cudaDeviceSynchronize()));

@@ -120,9 +120,10 @@ constexpr bool kServeGateFetch256 = true;
 /// Whether the serving kernels ask L2 for the Wd rows they read next (prefetch.global.L2, a line a
 /// lane): serve_gate for serve_down's rows, serve_token for its split's columns before each unit's
 /// dot. The same hint in fwd_u made the two-pass path 10-14 % slower (2026-11-27,
-/// h100-fwd-prefetch-down-2026-11-27.txt); in serve_token it has not been timed against its
-/// absence (serve_up's, in 2026-11-25's fourth pass, was level). -DTWBLAS_SERVE_PREFETCH_DOWN=0
-/// builds without, to time it.
+/// h100-fwd-prefetch-down-2026-11-27.txt); here, against a build without, same call on an H100
+/// (h100-serve-prefetch-down-off-2026-11-27b.txt): level up to 16 tokens (within 0.8 %), without
+/// it 3.9 % / 2.7 % slower at the paper's 64 / 256 tokens and 1.9 % at Llama's 64.
+/// -DTWBLAS_SERVE_PREFETCH_DOWN=0 builds without.
 #ifdef TWBLAS_SERVE_PREFETCH_DOWN
 constexpr bool kServePrefetchDown = TWBLAS_SERVE_PREFETCH_DOWN;
 #else
@@ -141,13 +142,15 @@ constexpr bool kServeStatsKernel = TWBLAS_SERVE_STATS_KERNEL;
 constexpr bool kServeStatsKernel = true;
 #endif
 /// From 2 to kServeGateMaxTokens tokens, the same kernel after serve_down instead of serve_down's
-/// last counting block behind the ticket that serve_gate zeroes. There is no memset node to remove
-/// here, only the ticket's atomics and fences. Not timed yet, so off:
-/// -DTWBLAS_SERVE_STATS_KERNEL_FEW=1 builds it on, to time it (and to test it on a GPU).
+/// last counting block behind the ticket that serve_gate zeroes (no memset node to remove here,
+/// only the ticket's atomics and fences). Against the ticket, same call on an H100
+/// (h100-serve-stats-few-2026-11-27b.txt): paper's shape M = 2 / 8 / 16 18.7 / 20.0 / 22.6 us
+/// against 19.0 / 20.4 / 22.9, Llama's level (53.4 / 54.6 / 71.3 against 53.6 / 54.9 / 71.4).
+/// -DTWBLAS_SERVE_STATS_KERNEL_FEW=0 builds the ticket.
 #ifdef TWBLAS_SERVE_STATS_KERNEL_FEW
 constexpr bool kServeStatsKernelFew = TWBLAS_SERVE_STATS_KERNEL_FEW;
 #else
-constexpr bool kServeStatsKernelFew = false;
+constexpr bool kServeStatsKernelFew = true;
 #endif
 bool serve_applies(const FfnProblem &p);
 
