@@ -148,7 +148,7 @@ void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w
     check_launch("decode_reduce");
 }
 
-/// The serving path's own gate (up to kServeGateMaxTokens), which serve_down follows by
+/// The serving path's own gate (up to heuristics::serve_gate_max_tokens), which serve_down follows by
 /// programmatic dependent launch (launch_dependent).
 template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, const ServeArgs<T> &a) {
     // a block per 8 units, 4 per mask word: every byte of the words is written
@@ -175,10 +175,10 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.stats = st.stats_block(), a.publish = st.feedback.device();
     // the step's statistics: by serve_stats after the last kernel (no ticket), or by the last
     // counting block behind a ticket; one token publishes them from registers either way
-    const bool stats_kernel = p.m > 1 && (p.m > heuristics::kServeGateMaxTokens ? heuristics::kServeStatsKernel
-                                                                                : heuristics::kServeStatsKernelFew);
+    const bool own_gate = p.m <= heuristics::serve_gate_max_tokens(p.d, p.h);  // serve_gate, else cuBLAS's
+    const bool stats_kernel = p.m > 1 && (own_gate ? heuristics::kServeStatsKernelFew : heuristics::kServeStatsKernel);
     if (stats_kernel) a.ticket = nullptr;
-    if (p.m > heuristics::kServeGateMaxTokens) {
+    if (!own_gate) {
         // the ticket zeroed (serve_gate zeroes it on its own path), cuBLAS's gate GEMM (z rounded
         // to T), then serve_token
         if (a.ticket) check(cudaMemsetAsync(a.ticket, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");

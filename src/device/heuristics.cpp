@@ -14,6 +14,10 @@ bool serve_applies(const FfnProblem &p) {
     return p.m >= 1 && p.m <= kServeMaxTokens && !p.gate_f32() && p.dp <= max_model_dim(p.type);
 }
 
+int64_t serve_gate_max_tokens(int64_t d, int64_t h) {
+    return h * d > kServeGateLargeWeights ? std::min<int64_t>(kServeGateMaxTokens, 8) : kServeGateMaxTokens;
+}
+
 bool gathers_pay_in_dense_mode(double mean_active, int64_t tokens, int64_t hidden_dim) {
     return static_cast<double>(tokens) * mean_active <= kDenseModeGatherShare * static_cast<double>(hidden_dim);
 }

@@ -48,6 +48,14 @@ constexpr int64_t kServeGateMaxTokens = TWBLAS_SERVE_GATE_MAX_TOKENS;
 #else
 constexpr int64_t kServeGateMaxTokens = 16;
 #endif
+/// serve_gate's tokens for a gate of H x D weights: kServeGateMaxTokens, or at most 8 past
+/// kServeGateLargeWeights. serve_gate's 16-token form (two 8-token x rows) grows with H x D
+/// faster than cuBLAS's gate (which streams Wg at the copy rate) and serve_token: on an H100, same
+/// call (bench/results/h100-serve-gate-16-2026-11-27b.txt), 16 tokens took 22.7 us with it and
+/// 26.1 without at the paper's shape (11.5 M weights), 71.0 and 63.0 at Llama-3-8B's (58.7 M).
+/// Lines through those points cross at ~25.7 M weights.
+constexpr int64_t kServeGateLargeWeights = 25'000'000;
+int64_t serve_gate_max_tokens(int64_t d, int64_t h);
 /// serve_token's warps per block: 16 (one 512-thread block an SM at 116 registers and 45 KB of
 /// shared memory) up to this many tokens, 8 (two 256-thread blocks an SM, twice the splits) from
 /// it on, unless the launch writes the hidden output (one split, whose wide rows need 16 warps).
@@ -130,7 +138,7 @@ constexpr bool kServePrefetchDown = TWBLAS_SERVE_PREFETCH_DOWN;
 constexpr bool kServePrefetchDown = true;
 #endif
 
-/// Past kServeGateMaxTokens: the statistics reduced by a one-warp kernel after serve_token
+/// Past serve_gate's tokens: the statistics reduced by a one-warp kernel after serve_token
 /// (serve_stats) instead of serve_token's last block behind a ticket that a memset node zeroes
 /// before the gate GEMM. Measured on an H100, graph replay, same call
 /// (bench/results/h100-serve-stats-kernel-2026-11-27.txt): paper's shape M = 32 / 64 / 128 / 256
@@ -141,7 +149,7 @@ constexpr bool kServeStatsKernel = TWBLAS_SERVE_STATS_KERNEL;
 #else
 constexpr bool kServeStatsKernel = true;
 #endif
-/// From 2 to kServeGateMaxTokens tokens, the same kernel after serve_down instead of serve_down's
+/// From 2 tokens to serve_gate's last, the same kernel after serve_down instead of serve_down's
 /// last counting block behind the ticket that serve_gate zeroes (no memset node to remove here,
 /// only the ticket's atomics and fences). Against the ticket, same call on an H100
 /// (h100-serve-stats-few-2026-11-27b.txt): paper's shape M = 2 / 8 / 16 18.7 / 20.0 / 22.6 us

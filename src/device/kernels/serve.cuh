@@ -1,6 +1,6 @@
 // The serving path (1 to kServeMaxTokens tokens, 16-bit types): two launches joined by
 // programmatic dependent launch, so that the second one's start hides behind the first one's end.
-// Up to kServeGateMaxTokens tokens:
+// Up to heuristics::serve_gate_max_tokens tokens (16, or 8 for large gates):
 //   serve_gate    the gate on tensor cores, streaming Wg once (a block per 8 units, its warps
 //                 splitting K); its epilogue writes g of the active units (0 elsewhere) and one
 //                 byte per token of the active-unit words, then h = g (x_t . Wu_j) over g for the
