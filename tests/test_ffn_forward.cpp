@@ -118,7 +118,9 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
         }
     // the team shapes of the model dimensions users run: 1, 2 and 4 warps per token; past 128
     // tokens serve_token's 8-warp blocks (one column split, two at D = 4096), and 16-warp blocks
-    // of one split with a hidden output (M = 160)
+    // of one split with a hidden output (M = 160). At D = 4096 (H = 8232: a gate past 25 M
+    // weights, heuristics::serve_gate_max_tokens) 13 tokens take cuBLAS's gate and serve_token,
+    // at D = 256 and 2048 serve_gate
     for (int64_t d : {256, 2048, 4096})
         for (int64_t m : {1, 13, 29, 64, 160, 256}) {
             FfnCase c;
