@@ -13,10 +13,23 @@ namespace twblas::cuda {
 
 // fwd_u: 8 warps per block (one per active unit in flight); fwd_y: 64 threads of 16-byte chunks
 // = 512 bf16 columns per block
-constexpr int kFwdUWarps = 8, kFwdYThreads = 64;
+// (-DTWBLAS_FWD_U_WARPS=N and -DTWBLAS_FWD_UNROLL=N build others, to time them. On an H100, same
+// call, bench/results/h100-fwd-warps-unroll-2026-11-27b.txt: 16 warps 6.5 % slower at 512 tokens
+// and 7-8 % at 4096 and 16384; an unroll of 16 level)
+#ifdef TWBLAS_FWD_U_WARPS
+constexpr int kFwdUWarps = TWBLAS_FWD_U_WARPS;
+#else
+constexpr int kFwdUWarps = 8;
+#endif
+constexpr int kFwdYThreads = 64;
 // weight rows whose loads fwd_y has in flight before it uses the first: 8 16-bit chunks (29 units
 // in four rounds of loads instead of eight; the sum keeps its unit order), 4 FP8 ones
-constexpr int kFwdUnroll = 8, kFwdUnrollFp8 = 4;
+#ifdef TWBLAS_FWD_UNROLL
+constexpr int kFwdUnroll = TWBLAS_FWD_UNROLL;
+#else
+constexpr int kFwdUnroll = 8;
+#endif
+constexpr int kFwdUnrollFp8 = 4;
 
 // ---- the forward's sparse rows, in two kernels (as the token phase of the backward), used by
 // the training forward and by the inference forward at M > 512 (one team per token):
