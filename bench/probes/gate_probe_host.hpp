@@ -1,7 +1,7 @@
 // What the gate GEMM probes that link the library's kernel headers share on the host
 // (serving_gate_probe.cu, twell_epilogue_probe.cu): the library's fail() (its headers call it;
-// here it ends the probe; defined here, so one translation unit a probe), bf16 bit patterns, and the inputs that leave
-// ~0.5 % of the gate active.
+// here it ends the probe; defined here, so one translation unit a probe), bf16 bit patterns, the
+// inputs that leave ~0.5 % of the gate active, the device setup and the timing loop.
 #pragma once
 
 #include <cstdarg>
@@ -10,6 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
 
 #include "twblas/twblas.h"
 
@@ -51,6 +54,40 @@ inline std::vector<uint16_t> random_bf16(int64_t rows, int64_t k, uint32_t seed,
     }
     for (int64_t r = 0; r < rows; ++r) h[static_cast<size_t>(r * k)] = bias;
     return h;
+}
+
+/// The GPU, a stream and a cuBLAS handle on it.
+struct ProbeDevice {
+    int sms;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+};
+inline ProbeDevice open_probe_device() {
+    ProbeDevice d{};
+    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, 0);
+    cudaStreamCreate(&d.stream);
+    cublasCreate(&d.cublas);
+    cublasSetStream(d.cublas, d.stream);
+    return d;
+}
+
+/// Microseconds a launch: launch(0) once to warm up, then launch(0 .. n - 1) back to back
+/// between two events on `st` (the index picks rotated inputs where a probe has them).
+template <class F>
+float time_us(cudaStream_t st, F &&launch, int n = 10) {
+    launch(0);
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, st);
+    for (int i = 0; i < n; ++i) launch(i);
+    cudaEventRecord(b, st);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms * 1000 / n;
 }
 
 }  // namespace gate_probe

@@ -41,46 +41,28 @@ struct Weights {
 
 template <class K>
 float time_masked(const char *name, MaskedGateGemm g, const Weights &w, cudaStream_t st, int sms) {
-    const int n = 40;
-    g.w = w.copies[0];
-    masked_gate::launch_typed<BF, K>(st, g, 0, sms);  // warm-up: TMA descriptors, the first launch
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    cudaEventRecord(a, st);
-    for (int i = 0; i < n; ++i) {
-        g.w = w.copies[static_cast<size_t>(i) % w.copies.size()];
-        masked_gate::launch_typed<BF, K>(st, g, 0, sms);
-    }
-    cudaEventRecord(b, st);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    const float us = ms * 1000 / n;
+    const float us = time_us(
+        st,
+        [&](int i) {
+            g.w = w.copies[static_cast<size_t>(i) % w.copies.size()];
+            masked_gate::launch_typed<BF, K>(st, g, 0, sms);
+        },
+        40);
     printf("  %-34s %8.1f us  (%s)\n", name, us, cudaGetErrorString(cudaGetLastError()));
     return us;
 }
 
 float time_cublas(cublasHandle_t hb, const MaskedGateGemm &g, const Weights &w, cudaStream_t st) {
     const float alpha = 1, beta = 0;
-    const int n = 40;
-    auto run = [&](int i) {
-        cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k),
-                     &alpha, w.copies[static_cast<size_t>(i) % w.copies.size()], CUDA_R_16BF, static_cast<int>(g.k), g.x,
-                     CUDA_R_16BF, static_cast<int>(g.k), &beta, g.gate, CUDA_R_16BF, static_cast<int>(g.ldg),
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    };
-    run(0);
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    cudaEventRecord(a, st);
-    for (int i = 0; i < n; ++i) run(i);
-    cudaEventRecord(b, st);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    const float us = ms * 1000 / n;
+    const float us = time_us(
+        st,
+        [&](int i) {
+            cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.n), static_cast<int>(g.m),
+                         static_cast<int>(g.k), &alpha, w.copies[static_cast<size_t>(i) % w.copies.size()], CUDA_R_16BF,
+                         static_cast<int>(g.k), g.x, CUDA_R_16BF, static_cast<int>(g.k), &beta, g.gate, CUDA_R_16BF,
+                         static_cast<int>(g.ldg), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        },
+        40);
     printf("  %-34s %8.1f us\n", "cublasGemmEx", us);
     return us;
 }
@@ -123,13 +105,10 @@ void check(cublasHandle_t hb, MaskedGateGemm g, const Weights &w, cudaStream_t s
 }  // namespace
 
 int main() {
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    cudaStream_t st;
-    cudaStreamCreate(&st);
-    cublasHandle_t hb;
-    cublasCreate(&hb);
-    cublasSetStream(hb, st);
+    const ProbeDevice dev = open_probe_device();
+    const int sms = dev.sms;
+    cudaStream_t st = dev.stream;
+    cublasHandle_t hb = dev.cublas;
     struct Shape2 {
         const char *name;
         int64_t n, k;

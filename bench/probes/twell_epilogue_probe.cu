@@ -59,16 +59,10 @@ struct TwellOut {
 // kSteps: which steps run (an ablation for timing: 1 staging, 2 headers, 4 entries; 7 is the epilogue;
 // 8 leaves out the dense rows' second walk, dropping their entries past kStage: timing only)
 template <class T, int kTileM, int kTileN, int kStage, int kSteps = 7>
-class TwellEpilogue {
+class TwellEpilogue : public masked_gate::RegisterEpilogueBase<T, TwellOut> {
   public:
     using R = masked_gate::Round<T>;
-    using ElementC = void;
-    using ElementD = T;
-    using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
-    using StrideD = StrideC;
-    using ThreadEpilogueOp = void;
-    using GmemTiledCopyC = void;
-    using GmemTiledCopyD = void;
+    using Params = TwellOut;
     // a 64-row wgmma tile a warpgroup: 128 rows over 256 threads (cooperative), or 64 over 128
     // (pingpong, whose two warpgroups run their epilogues one after the other: one staging area)
     static constexpr int kRows = kTileM, kThreads = 2 * kTileM, kWords = kTileN / 32;
@@ -77,19 +71,6 @@ class TwellEpilogue {
         uint32_t staged[kStage][kThreads];   // a thread's entries: tile column | row bit << 8 | value << 16
     };
     using TensorStorage = SharedStorage;
-    using Arguments = TwellOut;
-    using Params = Arguments;
-
-    template <class ProblemShape> static constexpr Params to_underlying_arguments(ProblemShape const &, Arguments const &a, void *) {
-        return a;
-    }
-    template <class ProblemShape> static size_t get_workspace_size(ProblemShape const &, Arguments const &) { return 0; }
-    template <class ProblemShape>
-    static cutlass::Status initialize_workspace(ProblemShape const &, Arguments const &, void *, cudaStream_t,
-                                                cutlass::CudaHostAdapter * = nullptr) {
-        return cutlass::Status::kSuccess;
-    }
-    template <class ProblemShape> static bool can_implement(ProblemShape const &, Arguments const &) { return true; }
 
     CUTLASS_HOST_DEVICE explicit TwellEpilogue(Params const &params, SharedStorage const & = SharedStorage()) : p_(params) {}
     CUTLASS_DEVICE bool is_source_needed() { return false; }
@@ -261,20 +242,6 @@ void launch_twell(cudaStream_t st, const void *x, const void *w, int64_t m, int6
     }
 }
 
-template <class F> float time_us(cudaStream_t st, F &&launch, int n = 10) {
-    launch();  // warm-up
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    cudaEventRecord(a, st);
-    for (int i = 0; i < n; ++i) launch();
-    cudaEventRecord(b, st);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    return ms * 1000 / n;
-}
-
 /// The TwELL against relu(ref) (M x N bf16 from cuBLAS): every block's count equals its active
 /// values (a value near zero may differ between the two GEMMs' sums), columns inside the tile and
 /// ascending, values within rounding; rows past S flagged.
@@ -320,13 +287,10 @@ void check(const std::vector<uint32_t> &tw, const std::vector<int32_t> &flags, c
 }  // namespace
 
 int main() {
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    cudaStream_t st;
-    cudaStreamCreate(&st);
-    cublasHandle_t hb;
-    cublasCreate(&hb);
-    cublasSetStream(hb, st);
+    const ProbeDevice dev = open_probe_device();
+    const int sms = dev.sms;
+    cudaStream_t st = dev.stream;
+    cublasHandle_t hb = dev.cublas;
     const int64_t n = 5632, k = 2048, max_m = 65536;
     const auto wh = random_bf16(n, k, 7, bf16_of(-9.75f));
     const auto xh = random_bf16(max_m, k, 1, bf16_of(1.0f));
@@ -357,19 +321,20 @@ int main() {
         printf("M = %ld (N = %ld, K = %ld)\n", static_cast<long>(m), static_cast<long>(n), static_cast<long>(k));
         const MaskedGateGemm g{x, k, w, k, m, n, k, gate, n, masks, n / 32};
         const TwellOut o256{twell, ld, 256, 32, flags};
-        const float t_cublas = time_us(st, [&] { cublas(x, m); });
-        const float t_masked = time_us(st, [&] { masked_gate::launch_typed<BF>(st, g, 0, sms); });
-        const float t_masked_pp = time_us(st, [&] { masked_gate::launch_typed<BF, MaskedPingpong>(st, g, 0, sms); });
-        const float t_twell = time_us(st, [&] { launch_twell(st, x, w, m, n, k, o256, sms); });
-        const float t_twell_pp = time_us(st, [&] { launch_twell<true>(st, x, w, m, n, k, o256, sms); });
+        const float t_cublas = time_us(st, [&](int) { cublas(x, m); });
+        const float t_masked = time_us(st, [&](int) { masked_gate::launch_typed<BF>(st, g, 0, sms); });
+        const float t_masked_pp =
+            time_us(st, [&](int) { masked_gate::launch_typed<BF, MaskedPingpong>(st, g, 0, sms); });
+        const float t_twell = time_us(st, [&](int) { launch_twell(st, x, w, m, n, k, o256, sms); });
+        const float t_twell_pp = time_us(st, [&](int) { launch_twell<true>(st, x, w, m, n, k, o256, sms); });
         printf(
             "  cublasGemmEx %.1f us; cooperative 128 x 256: masked GEMM %.1f (%.3fx), TwELL epilogue %.1f (%.3fx); "
             "pingpong 64 x 256: masked GEMM %.1f (%.3fx), TwELL epilogue %.1f (%.3fx); %s\n",
             t_cublas, t_masked, t_masked / t_cublas, t_twell, t_twell / t_cublas, t_masked_pp, t_masked_pp / t_cublas,
             t_twell_pp, t_twell_pp / t_cublas, cudaGetErrorString(cudaGetLastError()));
         if (m == 16384) {  // the pingpong epilogue's steps: words only, everything but the dense rows' walk
-            const float t0 = time_us(st, [&] { launch_twell<true, 0>(st, x, w, m, n, k, o256, sms); });
-            const float t15 = time_us(st, [&] { launch_twell<true, 15>(st, x, w, m, n, k, o256, sms); });
+            const float t0 = time_us(st, [&](int) { launch_twell<true, 0>(st, x, w, m, n, k, o256, sms); });
+            const float t15 = time_us(st, [&](int) { launch_twell<true, 15>(st, x, w, m, n, k, o256, sms); });
             printf("  pingpong steps: words only %.1f us; everything but the dense rows' second walk %.1f\n", t0, t15);
         }
     }

@@ -54,21 +54,11 @@ template <> struct Round<cutlass::half_t> {
 /// without -ftz, so subnormal accumulators compare as they are).
 template <class R> __device__ inline bool active_float(float v) { return !(v <= R::kZeroMax); }
 
-/// The epilogue: each thread tests its accumulators, stores the active ones (rounded) on their
-/// own straight from the registers, and ORs its active bits into the row's 32-column words; the
-/// four lanes of a quad hold the same rows (wgmma's accumulator layout), so two shuffles complete
-/// a word. Measured on an H100 at M = 16384, ~0.5 % active (bench/probes/masked_gate_gemm_probe.cu,
-/// against cuBLAS's 482-489 us and an epilogue storing nothing, 470-479 us, in the same run):
-/// every value from the registers (pairs 8 rows apart: 8 partial lines per instruction) 615 us;
-/// every value staged per warp in shared memory and written as 16-byte chunks 545-558 us (~3 us a
-/// tile: rounding, tests and staging of 128 values a thread, with 2 warps a scheduler to hide
-/// latency); each staged row as a TMA bulk copy 568 us; active values only, tested on the float
-/// before rounding, 492 us (M = 65536: 1941 us against 2200 for cuBLAS). Plugged into the kernel
-/// through CUTLASS's adapter for epilogues without a TMA pipeline.
-template <class T, int kTileN> class MaskedEpilogue {
-  public:
-    using R = Round<T>;
-    // what the kernel and the device adapter name (no source operand C)
+/// What CUTLASS's adapter for epilogues without a TMA pipeline asks of an epilogue that stores T
+/// itself from the registers (no source operand C), whose arguments are its parameters as they
+/// are (no workspace, any problem): MaskedEpilogue's, and bench/probes/twell_epilogue_probe.cu's.
+template <class T, class Args>
+struct RegisterEpilogueBase {
     using ElementC = void;
     using ElementD = T;
     using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
@@ -76,15 +66,8 @@ template <class T, int kTileN> class MaskedEpilogue {
     using ThreadEpilogueOp = void;
     using GmemTiledCopyC = void;
     using GmemTiledCopyD = void;
-    struct SharedStorage {};  // no staging: the values go out from the registers
-    using TensorStorage = SharedStorage;
-    struct Arguments {
-        typename R::Native *gate;
-        int64_t ldg;
-        uint32_t *masks;
-        int64_t words;
-    };
-    using Params = Arguments;
+    using Arguments = Args;
+    using Params = Args;
 
     template <class ProblemShape>
     static constexpr Params to_underlying_arguments(ProblemShape const &, Arguments const &args, void *) {
@@ -97,6 +80,35 @@ template <class T, int kTileN> class MaskedEpilogue {
         return cutlass::Status::kSuccess;
     }
     template <class ProblemShape> static bool can_implement(ProblemShape const &, Arguments const &) { return true; }
+};
+
+/// MaskedEpilogue's arguments: the gate (the active values) and the words.
+template <class T>
+struct MaskedEpilogueArgs {
+    typename Round<T>::Native *gate;
+    int64_t ldg;
+    uint32_t *masks;
+    int64_t words;
+};
+
+/// The epilogue: each thread tests its accumulators, stores the active ones (rounded) on their
+/// own straight from the registers, and ORs its active bits into the row's 32-column words; the
+/// four lanes of a quad hold the same rows (wgmma's accumulator layout), so two shuffles complete
+/// a word. Measured on an H100 at M = 16384, ~0.5 % active (bench/probes/masked_gate_gemm_probe.cu,
+/// against cuBLAS's 482-489 us and an epilogue storing nothing, 470-479 us, in the same run):
+/// every value from the registers (pairs 8 rows apart: 8 partial lines per instruction) 615 us;
+/// every value staged per warp in shared memory and written as 16-byte chunks 545-558 us (~3 us a
+/// tile: rounding, tests and staging of 128 values a thread, with 2 warps a scheduler to hide
+/// latency); each staged row as a TMA bulk copy 568 us; active values only, tested on the float
+/// before rounding, 492 us (M = 65536: 1941 us against 2200 for cuBLAS). Plugged into the kernel
+/// through CUTLASS's adapter for epilogues without a TMA pipeline.
+template <class T, int kTileN>
+class MaskedEpilogue : public RegisterEpilogueBase<T, MaskedEpilogueArgs<T>> {
+  public:
+    using R = Round<T>;
+    using typename RegisterEpilogueBase<T, MaskedEpilogueArgs<T>>::Params;
+    struct SharedStorage {};  // no staging: the values go out from the registers
+    using TensorStorage = SharedStorage;
 
     CUTLASS_HOST_DEVICE explicit MaskedEpilogue(Params const &params, SharedStorage const & = SharedStorage())
         : params_(params) {}
