@@ -46,8 +46,9 @@
 // uniform-100 / uniform-911 at 512 (dense mode).
 // Suite train-eager: the training step at the PyTorch example's layer sizes (d_model 512 and 1024,
 // uniform-6, 8192 and 16384 tokens), graph-replayed and eager (train_twblas_eager,
-// train_dense_eager: GPU time and host_us per step). Suite fp8: twblas_fp8 (TW_COMPUTE_FP8_WEIGHTS) next to twblas, dense and the gate GEMM at the
-// paper's shape, M = 64 to 65536, and heavy-29 / llm-29 at 16384; groups from M = 64 carry it too.
+// train_dense_eager: GPU time and host_us per step). Suite fp8: twblas_fp8 (TW_COMPUTE_FP8_WEIGHTS) next to twblas,
+// dense and the gate GEMM at the paper's shape, M = 1 to 65536, and heavy-29 / llm-29 at 16384; groups from M = 64
+// carry it too.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -96,7 +97,7 @@ void register_suite(const std::string &suite) {
         return;
     }
     if (suite == "fp8") {  // issue 12: TW_COMPUTE_FP8_WEIGHTS next to DEFAULT, dense and the gate GEMM
-        register_group(paper, "uniform-29", {64, 512, 4096, 16384, 65536}, false, false);
+        register_group(paper, "uniform-29", {1, 8, 64, 512, 4096, 16384, 65536}, false, false, 1);
         for (const char *prof : {"heavy-29", "llm-29"}) register_group(paper, prof, {16384}, false, false);
         return;
     }

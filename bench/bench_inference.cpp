@@ -329,11 +329,12 @@ void bm_cpu(benchmark::State &state, Shape s, std::string profile, int64_t max_m
 
 }  // namespace
 
-void register_group(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool cusparse, bool cpu) {
+void register_group(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool cusparse, bool cpu,
+                    int64_t fp8_from) {
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
     for (int64_t m : ms) {
         add(bench_name("twblas", s, profile, m), bm_twblas, s, profile, max_m, m);
-        if (m >= 64) add(bench_name("twblas_fp8", s, profile, m), bm_twblas_fp8, s, profile, max_m, m);
+        if (m >= fp8_from) add(bench_name("twblas_fp8", s, profile, m), bm_twblas_fp8, s, profile, max_m, m);
         add(bench_name("dense", s, profile, m), bm_dense, s, profile, max_m, m);
         add(bench_name("gate", s, profile, m), bm_gate, s, profile, max_m, m);
         if (cusparse && m >= 512) add(bench_name("cusparse", s, profile, m), bm_cusparse, s, profile, max_m, m);

@@ -150,8 +150,10 @@ std::string bench_name(const char *variant, Shape s, const std::string &profile,
 void add(const std::string &name, BenchFn fn, Shape s, const std::string &profile, int64_t max_m, int64_t m);
 
 // bench_inference.cpp
-/// Every inference variant of one (shape, profile) over a list of M, all from one generated problem.
-void register_group(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool cusparse, bool cpu);
+/// Every inference variant of one (shape, profile) over a list of M, all from one generated problem
+/// (twblas_fp8 from `fp8_from` tokens on).
+void register_group(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool cusparse, bool cpu,
+                    int64_t fp8_from = 64);
 /// twblas_eager and dense_eager at each M (after the graph-replayed twblas and dense when
 /// `with_graph_replay`), from the problem of (s, profile, max_m).
 void register_eager(Shape s, const std::string &profile, const std::vector<int64_t> &ms, int64_t max_m,

@@ -387,14 +387,16 @@ TEST_CASE("CUDA FFN: twFfnUpdateWeights is ordered on the handle's stream and ca
 }
 
 TEST_CASE("CUDA FFN: TW_COMPUTE_FP8_WEIGHTS against the reference's FP8 forward", "[cuda][ffn][fp8]") {
-    // one token (the serving sizes go through the two-pass kernels in this mode), a few, and the
-    // masked gate GEMM's sizes; H and D off every tile; heavy and llm rows through the FP8 form
-    // of the dense path; hidden outputs from the h the kernels leave in the gate buffer
+    // the serving path's sizes (cuBLAS's gate, then serve_token's FP8 instance: one token, a few,
+    // a hidden output with its one split, the 8-warp blocks past 128 tokens) and the two-pass
+    // kernels' (600 tokens, the masked gate GEMM); H and D off every tile; heavy and llm rows
+    // (the serving path's windows, the two-pass kernels' FP8 dense path); hidden outputs from the
+    // h the kernels leave in the gate buffer
     uint64_t seed = 70;
     for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})
         for (twDataType_t t : {TW_R_16BF, TW_R_16F})
             for (bool gated : {true, false})
-                for (int64_t m : {1, 37, 600}) {
+                for (int64_t m : {1, 13, 37, 200, 600}) {
                     FfnCase c;
                     c.profile = profile;
                     c.type = t;
@@ -404,7 +406,7 @@ TEST_CASE("CUDA FFN: TW_COMPUTE_FP8_WEIGHTS against the reference's FP8 forward"
                     c.d = gated ? 264 : 100;
                     c.h = 1001;
                     c.x_pad = m == 37 ? 8 : 0;
-                    c.hidden = m == 600 ? (profile == tt::Profile::Heavy ? 2 : 1) : 0;
+                    c.hidden = m == 600 || m == 13 ? (profile == tt::Profile::Heavy ? 2 : 1) : 0;
                     c.seed = ++seed;
                     const FfnData data = make_data(c);
                     const FfnResult got = run_ffn(c, data, TW_BACKEND_CUDA);
@@ -419,6 +421,16 @@ TEST_CASE("CUDA FFN: TW_COMPUTE_FP8_WEIGHTS against the reference's FP8 forward"
                     CHECK(to_default > 1e-3);
                     CHECK(to_fp8 < 0.25 * to_default);
                 }
+    // past 4096 columns with a hidden output: one split, two chunks a thread
+    FfnCase c;
+    c.mode = TW_COMPUTE_FP8_WEIGHTS;
+    c.m = 20;
+    c.d = 4100;
+    c.h = 700;
+    c.hidden = 1;
+    c.seed = ++seed;
+    const FfnData data = make_data(c);
+    check_forward(c, run_ffn(c, data, TW_BACKEND_CUDA), expected_forward(c, data));
 }
 
 TEST_CASE("CUDA backend: host memory in a descriptor is INVALID_VALUE naming the argument", "[cuda][errors]") {

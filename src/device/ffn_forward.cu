@@ -64,10 +64,12 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
     // fewer weight rows than they read
     const bool gathers = !st.dense_mode || p.deterministic ||
                          heuristics::gathers_pay_in_dense_mode(st.mean_active, p.m, p.h);
-    // serving: x rows go straight into the MMA fragments, so they must start on 16 bytes
-    // FP8 weights: the two-pass kernels over every row (the other paths read the 16-bit rows)
+    // serving: x rows go straight into the MMA fragments, so they must start on 16 bytes; FP8
+    // weights: cuBLAS's gate and serve_token's FP8 instance there, the two-pass kernels past it
+    // (decode, the fused kernel and dense mode read the 16-bit rows)
     const bool rows_16bit = !p.fp8;
-    path.serve = !training && rows_16bit && gathers && heuristics::serve_applies(p) && rows_aligned16(matrix_arg(x));
+    path.serve = !training && (rows_16bit || heuristics::kServeFp8) && gathers && heuristics::serve_applies(p) &&
+                 rows_aligned16(matrix_arg(x));
     path.decode = !training && rows_16bit && gathers && !path.serve && heuristics::decode_applies(p);
     // deterministic mode never switches (bits would depend on history); fp32 intermediates have
     // no cuBLAS form here, so they stay sparse too
@@ -165,6 +167,7 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.d = p.d, a.dp = p.dp, a.h = p.h;
     a.wgate = static_cast<const T *>(w.gate), a.wgate_ld = w.gate_ld;
     a.pair = static_cast<const T *>(w.pair), a.pair_stride = w.pair_stride;
+    a.fp8 = w.fp8;
     a.gated = p.gated, a.write_h = write_h;
     a.gate = static_cast<T *>(s.gate), a.ldg = s.ldg;
     a.masks = s.unit_masks, a.words = s.unit_words, a.ticket = s.serve_ticket;
@@ -175,7 +178,8 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.stats = st.stats_block(), a.publish = st.feedback.device();
     // the step's statistics: by serve_stats after the last kernel (no ticket), or by the last
     // counting block behind a ticket; one token publishes them from registers either way
-    const bool own_gate = p.m <= heuristics::serve_gate_max_tokens(p.d, p.h);  // serve_gate, else cuBLAS's
+    // serve_gate, else cuBLAS's (FP8 rows: serve_token's FP8 instance after cuBLAS's gate at every size)
+    const bool own_gate = !p.fp8 && p.m <= heuristics::serve_gate_max_tokens(p.d, p.h);
     const bool stats_kernel = p.m > 1 && (own_gate ? heuristics::kServeStatsKernelFew : heuristics::kServeStatsKernel);
     if (stats_kernel) a.ticket = nullptr;
     if (!own_gate) {
@@ -188,12 +192,15 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
         const int64_t per_split = ceil_div(p.dp / Chunk<T>::n, int64_t{splits});  // chunks a block
         const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.m)), block(32 * warps);
         // per_split <= one chunk a thread but for a hidden output (one split) past 4096 columns
+        auto run = [&](auto kernel) {
+            launch_dependent(kernel, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
+        };
         if (warps == 8 && per_split <= 32 * 8)
-            launch_dependent(serve_token<T, 8, 1>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
+            p.fp8 ? run(serve_token<T, 8, 1, true>) : run(serve_token<T, 8, 1>);
         else if (warps == 16 && per_split <= 32 * 16)
-            launch_dependent(serve_token<T, 16, 1>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
+            p.fp8 ? run(serve_token<T, 16, 1, true>) : run(serve_token<T, 16, 1>);
         else if (warps == 16 && per_split <= 2 * 32 * 16)  // dp <= 8192 (heuristics::max_model_dim)
-            launch_dependent(serve_token<T, 16, 2>, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
+            p.fp8 ? run(serve_token<T, 16, 2, true>) : run(serve_token<T, 16, 2>);
         else
             fail(TW_STATUS_INTERNAL_ERROR, "serve_token: no instance for %lld chunks a split", static_cast<long long>(per_split));
     } else {

@@ -160,6 +160,15 @@ constexpr bool kServeStatsKernelFew = TWBLAS_SERVE_STATS_KERNEL_FEW;
 #else
 constexpr bool kServeStatsKernelFew = true;
 #endif
+/// TW_COMPUTE_FP8_WEIGHTS at the serving sizes: cuBLAS's gate, then serve_token reading the FP8
+/// rows (at every size: serve_gate and serve_down read 16-bit rows). Before it the mode ran the
+/// two-pass kernels at every token count, 2x slower than DEFAULT at 64 tokens (61.2 against
+/// 30.2 us on an H100, h100-fp8-2026-11-27b.json). -DTWBLAS_SERVE_FP8=0 builds the old route.
+#ifdef TWBLAS_SERVE_FP8
+constexpr bool kServeFp8 = TWBLAS_SERVE_FP8;
+#else
+constexpr bool kServeFp8 = true;
+#endif
 bool serve_applies(const FfnProblem &p);
 
 /// Token groups of the backward's per-unit sums for the hot units (backward_hot_units): each hot

@@ -14,6 +14,7 @@
 //                 split 0 counts the row;
 //   serve_stats   one warp reduces the rows' statistics and publishes them (no ticket, so no
 //                 memset node before the gate GEMM).
+// TW_COMPUTE_FP8_WEIGHTS takes the second route at every size, serve_token reading the FP8 rows.
 // Deterministic everywhere: fixed orders, no floating-point atomics. Every row goes through the
 // gathers, however many units it has, so no row takes a dense path here (rows too dense for
 // gathers to pay are what dense mode, chosen from the statistics, is for).
@@ -26,6 +27,7 @@
 #include "common/values.cuh"
 #include "common/warp.cuh"
 #include "kernels/finalize.cuh"
+#include "kernels/fp8_rows.cuh"
 
 namespace twblas::cuda {
 
@@ -38,6 +40,7 @@ template <class T> struct ServeArgs {
     int64_t wgate_ld;
     const T *pair;   // [Wu_j | Wd_j] (gated) or [Wd_j]
     int64_t pair_stride;
+    Fp8Rows fp8;  // TW_COMPUTE_FP8_WEIGHTS: the same rows as FP8 (serve_token's FP8 instance)
     bool gated, write_h;
     T *gate;  // M x ldg: g of the active units, 0 elsewhere; h over g when write_h
     int64_t ldg;
@@ -444,10 +447,30 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
 // output; the launch then uses one split, as split 0 would write h where the others read g) and
 // the token's statistics (serve_stats, after the grid, the step's). Rows longer than the list
 // go in windows. A fixed order everywhere, so the bits are deterministic.
-// W warps a block (heuristics::serve_token_warps), V of the split's 16-byte chunks a thread.
+// W warps a block (heuristics::serve_token_warps), V of the split's 8-column chunks a thread.
+// FP8 (TW_COMPUTE_FP8_WEIGHTS): Wu_j and Wd_j read from the FP8 copy, half the bytes of each row,
+// with the sums of the two-pass FP8 kernels: h = g round(s_u (x_t . q(Wu_j))), y over (h s_d) q(Wd_j).
 constexpr int kServeTokenCap = 512, kServeTokenBatch = 8;
 
-template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
+/// Eight columns of a unit's down row as fp32: 16 bytes of 16-bit values, or 8 of FP8.
+template <class T, bool FP8>
+struct DownChunk {
+    using Raw = std::conditional_t<FP8, uint2, uint4>;
+    static __device__ inline Raw load(const void *row, int64_t c) {
+        return __ldg(reinterpret_cast<const Raw *>(static_cast<const uint8_t *>(row) + c * sizeof(Raw)));
+    }
+    static __device__ inline void to_float(const Raw &w, float (&v)[8]) {
+        if constexpr (FP8) {
+            fp8x8_to_float(w, v);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = Chunk<T>::get(w, e);
+        }
+    }
+};
+
+template <class T, int W, int V, bool FP8 = false>
+__global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     constexpr int E = Chunk<T>::n, B = kServeTokenBatch / V, NT = 32 * W;
     constexpr int kMaxChunks = 1024;  // dp <= 8192 (heuristics::max_model_dim)
     __shared__ uint4 xs[kMaxChunks];
@@ -461,9 +484,12 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
     const int64_t t = blockIdx.y;
     const int split = blockIdx.x, splits = gridDim.x;
     const bool counts_row = split == 0;
+    static_assert(E == 8, "8 columns a chunk (16-bit types)");
     const int nchunks = static_cast<int>(a.dp / E);
+    // x_t over what the up dot reads: dp values, or the FP8 half (zeros past D)
+    const int dot_chunks = FP8 ? static_cast<int>(a.fp8.half / E) : nchunks;
     const T *xrow = a.x + t * a.x_rs;
-    for (int c = tid; c < nchunks; c += NT) xs[c] = serve_x_chunk(xrow, static_cast<int64_t>(c) * E, a.d);
+    for (int c = tid; c < dot_chunks; c += NT) xs[c] = serve_x_chunk(xrow, static_cast<int64_t>(c) * E, a.d);
     const uint4 last_record = serve_down_start(a, counts_row);  // waits for cuBLAS's gate
     allow_dependent_launch();
 
@@ -493,7 +519,12 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
     const int c0 = split * per_split, c1 = min(nchunks, c0 + per_split);
     const int span = (per_split + V - 1) / V, parts = NT / span;
     const int part = tid / span, local = tid % span;
-    const int64_t down = a.gated ? a.dp : 0;
+    // a unit's row and where its down half starts, in bytes
+    const uint8_t *const rows = FP8 ? a.fp8.q : reinterpret_cast<const uint8_t *>(a.pair);
+    const int64_t row_bytes = FP8 ? a.fp8.stride : a.pair_stride * static_cast<int64_t>(sizeof(T));
+    const int64_t down = a.gated ? (FP8 ? a.fp8.half : a.dp * static_cast<int64_t>(sizeof(T))) : 0;
+    using Down = DownChunk<T, FP8>;
+    constexpr int64_t chunk_bytes = sizeof(typename Down::Raw);
     const T *hrow = a.gate + t * a.ldg;
     float acc[V][E];
 #pragma unroll
@@ -517,16 +548,22 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
         // 3. h over the window, a warp per unit
         for (int i = warp; i < n; i += W) {
             const int64_t j = units[i];
-            const T *row = a.pair + j * a.pair_stride;
-            if (heuristics::kServePrefetchDown)
-                for (int64_t k = static_cast<int64_t>(c0) * E + lane * 64; k < static_cast<int64_t>(c1) * E;
-                     k += 32 * 64)
+            const uint8_t *row = rows + j * row_bytes;
+            if (heuristics::kServePrefetchDown)  // a line of 128 bytes a lane
+                for (int64_t k = c0 * chunk_bytes + lane * 128; k < c1 * chunk_bytes; k += 32 * 128)
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(row + down + k));
-            float h = hs[i];
-            if (a.gated) h = round_to<T>(h * round_to<T>(warp_row_dot<T>(xs, row, nchunks)));
+            float h = hs[i], scale_down = 1.0f;
+            if constexpr (FP8) {
+                const float2 sc = a.fp8.scale[j];
+                scale_down = sc.y;
+                if (a.gated) h = round_to<T>(h * round_to<T>(sc.x * warp_row_dot_fp8<T>(xs, row, dot_chunks)));
+            } else {
+                if (a.gated)
+                    h = round_to<T>(h * round_to<T>(warp_row_dot<T>(xs, reinterpret_cast<const T *>(row), nchunks)));
+            }
             __syncwarp();  // every lane has read g before lane 0 overwrites it
             if (lane == 0) {
-                hs[i] = h;
+                hs[i] = h * scale_down;  // FP8: the row's scale taken out of the sum, as fwd_y does
                 l1 += fabsf(h);
                 if (counts_row && a.write_h) a.gate[t * a.ldg + j] = Value<T>::from_float(h);
             }
@@ -537,25 +574,27 @@ template <class T, int W, int V> __global__ void __launch_bounds__(32 * W) serve
             const int i1 = n * (part + 1) / parts;
             for (int i0 = n * part / parts; i0 < i1; i0 += B) {
                 float h[B];
-                uint4 wd[B][V];
+                typename Down::Raw wd[B][V];
 #pragma unroll
                 for (int i = 0; i < B; ++i) {
                     const bool ok = i0 + i < i1;
                     h[i] = ok ? hs[i0 + i] : 0.0f;
-                    const T *row = a.pair + static_cast<int64_t>(ok ? units[i0 + i] : 0) * a.pair_stride + down;
+                    const uint8_t *row = rows + static_cast<int64_t>(ok ? units[i0 + i] : 0) * row_bytes + down;
 #pragma unroll
                     for (int v = 0; v < V; ++v) {
                         const int c = c0 + local + v * span;
-                        wd[i][v] = ok && c < c1 ? __ldg(reinterpret_cast<const uint4 *>(row + static_cast<int64_t>(c) * E))
-                                                : make_uint4(0, 0, 0, 0);
+                        wd[i][v] = ok && c < c1 ? Down::load(row, c) : typename Down::Raw{};
                     }
                 }
 #pragma unroll
                 for (int i = 0; i < B; ++i)
 #pragma unroll
-                    for (int v = 0; v < V; ++v)
+                    for (int v = 0; v < V; ++v) {
+                        float w[E];
+                        Down::to_float(wd[i][v], w);
 #pragma unroll
-                        for (int e = 0; e < E; ++e) acc[v][e] = fmaf(h[i], Chunk<T>::get(wd[i][v], e), acc[v][e]);
+                        for (int e = 0; e < E; ++e) acc[v][e] = fmaf(h[i], w[e], acc[v][e]);
+                    }
             }
         }
         __syncthreads();  // the next window overwrites the list
