@@ -152,9 +152,10 @@ void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w
 
 /// The serving path's own gate (up to heuristics::serve_gate_max_tokens), which serve_down follows by
 /// programmatic dependent launch (launch_dependent).
-template <class T, int R, int U> void launch_serve_gate(cudaStream_t stream, const ServeArgs<T> &a) {
+template <class T, int R, int U, bool FP8>
+void launch_serve_gate(cudaStream_t stream, const ServeArgs<T> &a) {
     // a block per 8 units, 4 per mask word: every byte of the words is written
-    serve_gate<T, R, U><<<static_cast<unsigned>(4 * a.words), 32 * kServeGateWarps, 0, stream>>>(a);
+    serve_gate<T, R, U, FP8><<<static_cast<unsigned>(4 * a.words), 32 * kServeGateWarps, 0, stream>>>(a);
     check_launch("serve_gate");
 }
 
@@ -178,8 +179,7 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.stats = st.stats_block(), a.publish = st.feedback.device();
     // the step's statistics: by serve_stats after the last kernel (no ticket), or by the last
     // counting block behind a ticket; one token publishes them from registers either way
-    // serve_gate, else cuBLAS's (FP8 rows: serve_token's FP8 instance after cuBLAS's gate at every size)
-    const bool own_gate = !p.fp8 && p.m <= heuristics::serve_gate_max_tokens(p.d, p.h);
+    const bool own_gate = p.m <= heuristics::serve_gate_max_tokens(p.d, p.h);  // serve_gate, else cuBLAS's
     const bool stats_kernel = p.m > 1 && (own_gate ? heuristics::kServeStatsKernelFew : heuristics::kServeStatsKernel);
     if (stats_kernel) a.ticket = nullptr;
     if (!own_gate) {
@@ -205,16 +205,17 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
             fail(TW_STATUS_INTERNAL_ERROR, "serve_token: no instance for %lld chunks a split", static_cast<long long>(per_split));
     } else {
         // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows
+        // (FP8: their instances that read the FP8 rows)
         if (p.m <= 8)
-            launch_serve_gate<T, 1, heuristics::kServeGateChunks>(stream, a);
+            p.fp8 ? launch_serve_gate<T, 1, heuristics::kServeGateChunks, true>(stream, a)
+                  : launch_serve_gate<T, 1, heuristics::kServeGateChunks, false>(stream, a);
         else
-            launch_serve_gate<T, 2, 4>(stream, a);
+            p.fp8 ? launch_serve_gate<T, 2, 4, true>(stream, a) : launch_serve_gate<T, 2, 4, false>(stream, a);
         static_assert(heuristics::kServeGateMaxTokens <= 16, "serve_gate takes up to 2 x rows of 8 tokens");
         // serve_down: a block per (256 columns, token)
-        launch_dependent(
-            serve_down<T>,
-            dim3(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols})), static_cast<unsigned>(a.m)),
-            dim3(32 * kServeDownWarps), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_down)", a);
+        const dim3 grid(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols})), static_cast<unsigned>(a.m));
+        launch_dependent(p.fp8 ? serve_down<T, true> : serve_down<T, false>, grid, dim3(32 * kServeDownWarps), 0,
+                         stream, st.pdl, "cudaLaunchKernelEx(serve_down)", a);
     }
     if (stats_kernel)
         launch_dependent(serve_stats<T>, dim3(1), dim3(32), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_stats)", a);

@@ -160,8 +160,8 @@ constexpr bool kServeStatsKernelFew = TWBLAS_SERVE_STATS_KERNEL_FEW;
 #else
 constexpr bool kServeStatsKernelFew = true;
 #endif
-/// TW_COMPUTE_FP8_WEIGHTS at the serving sizes: cuBLAS's gate, then serve_token reading the FP8
-/// rows (at every size: serve_gate and serve_down read 16-bit rows). Before it the mode ran the
+/// TW_COMPUTE_FP8_WEIGHTS at the serving sizes: the serving kernels' FP8 instances (serve_gate and
+/// serve_down, or cuBLAS's gate and serve_token, reading the FP8 rows). Before it the mode ran the
 /// two-pass kernels at every token count, 2x slower than DEFAULT at 64 tokens (61.2 against
 /// 30.2 us on an H100, h100-fp8-2026-11-27b.json). -DTWBLAS_SERVE_FP8=0 builds the old route.
 #ifdef TWBLAS_SERVE_FP8

@@ -14,7 +14,8 @@
 //                 split 0 counts the row;
 //   serve_stats   one warp reduces the rows' statistics and publishes them (no ticket, so no
 //                 memset node before the gate GEMM).
-// TW_COMPUTE_FP8_WEIGHTS takes the second route at every size, serve_token reading the FP8 rows.
+// TW_COMPUTE_FP8_WEIGHTS: the same kernels' FP8 instances read Wu_j and Wd_j from the FP8 copy
+// (ServeRows, DownChunk), with the two-pass FP8 kernels' scaling and rounding.
 // Deterministic everywhere: fixed orders, no floating-point atomics. Every row goes through the
 // gathers, however many units it has, so no row takes a dense path here (rows too dense for
 // gathers to pay are what dense mode, chosen from the statistics, is for).
@@ -120,6 +121,81 @@ __device__ inline float serve_row_dot(const T *w, const T *xrow, int64_t d, int6
     return warp_sum(part);
 }
 
+/// serve_row_dot over an FP8 row of `half` bytes (zero padded past d; kernels/fp8_rows.cuh),
+/// unscaled: 16 values (one 16-byte load) a lane at a time, U loads in flight.
+template <class T, int U = 2>
+__device__ inline float serve_row_dot_fp8(const uint8_t *q, const T *xrow, int64_t d, int64_t half, int lane) {
+    float part = 0.0f;
+    for (int64_t k00 = static_cast<int64_t>(lane) * 16; k00 < half; k00 += 32 * 16 * U) {
+        uint4 wv[U], xa[U], xb[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t k0 = k00 + static_cast<int64_t>(u) * 32 * 16;
+            const bool ok = k0 < half;  // half is a multiple of 16: whole loads
+            wv[u] = ok ? __ldg(reinterpret_cast<const uint4 *>(q + k0)) : make_uint4(0, 0, 0, 0);
+            xa[u] = ok ? serve_x_chunk(xrow, k0, d) : make_uint4(0, 0, 0, 0);
+            xb[u] = ok ? serve_x_chunk(xrow, k0 + 8, d) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            float w[16];
+            fp8x16_to_float(wv[u], w);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) part = fmaf(Chunk<T>::get(xa[u], e), w[e], part);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) part = fmaf(Chunk<T>::get(xb[u], e), w[8 + e], part);
+        }
+    }
+    return warp_sum(part);
+}
+
+/// Where the serving kernels read a unit's rows: the 16-bit pair rows, or (FP8) the FP8 copy, in
+/// bytes. Row j starts at row(j), its down half `down` bytes further on (0 for a plain FFN).
+template <class T, bool FP8>
+struct ServeRows {
+    const uint8_t *base;
+    int64_t stride, down;
+    __device__ explicit ServeRows(const ServeArgs<T> &a)
+        : base(FP8 ? a.fp8.q : reinterpret_cast<const uint8_t *>(a.pair)),
+          stride(FP8 ? a.fp8.stride : a.pair_stride * static_cast<int64_t>(sizeof(T))),
+          down(a.gated ? (FP8 ? a.fp8.half : a.dp * static_cast<int64_t>(sizeof(T))) : 0) {}
+    __device__ const uint8_t *row(int64_t j) const { return base + j * stride; }
+    /// Bytes of the down half that hold `values` columns.
+    static __device__ constexpr int64_t bytes(int64_t values) {
+        return FP8 ? values : values * static_cast<int64_t>(sizeof(T));
+    }
+    /// x_t . Wu_j (FP8: times s_u): the up dot of serve_gate's epilogue.
+    __device__ float up_dot(const ServeArgs<T> &a, int64_t j, const T *xrow, int lane) const {
+        if constexpr (FP8)
+            return a.fp8.scale[j].x * serve_row_dot_fp8<T>(row(j), xrow, a.d, a.fp8.half, lane);
+        else
+            return serve_row_dot(reinterpret_cast<const T *>(row(j)), xrow, a.d, a.dp, lane);
+    }
+    /// The down half of row j asked of L2, a 128-byte line a lane.
+    __device__ void prefetch_down(int64_t j, int64_t from, int64_t to, int lane) const {
+        for (int64_t k = bytes(from) + lane * 128; k < bytes(to); k += 32 * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(row(j) + down + k));
+    }
+};
+
+/// Eight columns of a unit's down row as fp32: 16 bytes of 16-bit values, or 8 of FP8.
+template <class T, bool FP8>
+struct DownChunk {
+    using Raw = std::conditional_t<FP8, uint2, uint4>;
+    /// Chunk c (columns 8 c to 8 c + 7) of the down half that starts at `row`.
+    static __device__ inline Raw load(const uint8_t *row, int64_t c) {
+        return __ldg(reinterpret_cast<const Raw *>(row + c * static_cast<int64_t>(sizeof(Raw))));
+    }
+    static __device__ inline void to_float(const Raw &w, float (&v)[8]) {
+        if constexpr (FP8) {
+            fp8x8_to_float(w, v);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = Chunk<T>::get(w, e);
+        }
+    }
+};
+
 // ---- serve_gate's tile product: z[u][i] = x_i . w_u for one tile of 8 weight
 // rows and up to 8 R token rows, on tensor cores. Tokens are the MMA's rows, the tile's units its
 // 8 columns. The K order of a dot product does not change its value, so each lane loads 8
@@ -201,7 +277,7 @@ __device__ inline void serve_tile_dots(const T *wrow, bool wok, const T *const (
 // SMs streamed two blocks and the rest one: 1.7 TB/s). The epilogue writes g of the active units
 // (0 elsewhere), the tile's byte of each token's active-unit word, and then h = g (x_t . Wu_j)
 // over g for the active pairs, each Wu row read once for the tokens that use it.
-template <class T, int R, int U>
+template <class T, int R, int U, bool FP8 = false>
 __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<T> a) {
     // R x rows per lane (tokens g + 8 r); at least six blocks per SM (<= 85 registers) so that
     // the H / 8 blocks run in one wave
@@ -253,14 +329,12 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
             if (rank % W != warp) continue;
             const int b = __ffs(units) - 1;
             const int64_t j = unit0 + b;
-            const T *wu = a.pair + j * a.pair_stride;
+            const ServeRows<T, FP8> rows(a);
             // serve_down reads Wd_j next, from other SMs: start bringing it to L2 now
-            if (heuristics::kServePrefetchDown)
-                for (int64_t k = lane * 64; k < a.dp; k += 32 * 64)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(wu + a.dp + k));
+            if (heuristics::kServePrefetchDown) rows.prefetch_down(j, 0, a.dp, lane);
             for (uint32_t toks = unit_tokens[b]; toks; toks &= toks - 1) {
                 const int t = __ffs(toks) - 1;
-                const float dot = serve_row_dot(wu, a.x + t * a.x_rs, a.d, a.dp, lane);
+                const float dot = rows.up_dot(a, j, a.x + t * a.x_rs, lane);
                 const float h = round_to<T>(round_to<T>(z[b][t]) * round_to<T>(dot));
                 if (lane == 0) a.gate[t * a.ldg + j] = Value<T>::from_float(h);
             }
@@ -347,7 +421,8 @@ template <class T> __device__ inline uint4 serve_down_start(const ServeArgs<T> &
 constexpr int kServeDownCols = 256, kServeDownWarps = 16, kServeDownBatch = 8;
 constexpr int64_t kServeMaxWords = 2048;  // H <= 65536 (kMaxSparseCols, checked when the FFN is made)
 
-template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> a) {
+template <class T, bool FP8 = false>
+__global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> a) {
     constexpr int E = Chunk<T>::n, W = kServeDownWarps, B = kServeDownBatch;
     static_assert(kServeDownCols == 32 * E, "a lane holds one chunk of the slice");
     __shared__ float red[W][kServeDownCols];
@@ -360,7 +435,8 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
     const uint4 last_record = serve_down_start(a, counts_row);  // after serve_gate
     const uint32_t *mw = a.masks + t * a.words;
     const T *hrow = a.gate + t * a.ldg;
-    const int64_t down = a.gated ? a.dp : 0;
+    const ServeRows<T, FP8> rows(a);
+    using Down = DownChunk<T, FP8>;
     const bool col_ok = col0 < a.dp;
     float acc[E];
 #pragma unroll
@@ -385,20 +461,23 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
                 pending = __ballot_sync(kFullMask, mine != 0);
                 count = i + 1;
             }
-            float h[B];
-            uint4 wd[B];
+            float h[B], scale[B];  // scale: FP8's s_d of the row, taken out of the sum as fwd_y does
+            typename Down::Raw wd[B];
 #pragma unroll
             for (int i = 0; i < B; ++i) {
                 const bool ok = i < count;
                 h[i] = ok ? Value<T>::to_float(__ldcg(hrow + j[i])) : 0.0f;
-                wd[i] = ok && col_ok ? __ldg(reinterpret_cast<const uint4 *>(a.pair + j[i] * a.pair_stride + down + col0))
-                                     : make_uint4(0, 0, 0, 0);
+                scale[i] = FP8 && ok ? a.fp8.scale[j[i]].y : 1.0f;
+                wd[i] = ok && col_ok ? Down::load(rows.row(j[i]) + rows.down, col0 / E) : typename Down::Raw{};
             }
 #pragma unroll
             for (int i = 0; i < B; ++i) {
                 l1 += fabsf(h[i]);
+                float w[E];
+                Down::to_float(wd[i], w);
+                const float hd = FP8 ? h[i] * scale[i] : h[i];
 #pragma unroll
-                for (int e = 0; e < E; ++e) acc[e] = fmaf(h[i], Chunk<T>::get(wd[i], e), acc[e]);
+                for (int e = 0; e < E; ++e) acc[e] = fmaf(hd, w[e], acc[e]);
             }
         }
     }
@@ -452,23 +531,6 @@ template <class T> __global__ void __launch_bounds__(32 * kServeDownWarps) serve
 // with the sums of the two-pass FP8 kernels: h = g round(s_u (x_t . q(Wu_j))), y over (h s_d) q(Wd_j).
 constexpr int kServeTokenCap = 512, kServeTokenBatch = 8;
 
-/// Eight columns of a unit's down row as fp32: 16 bytes of 16-bit values, or 8 of FP8.
-template <class T, bool FP8>
-struct DownChunk {
-    using Raw = std::conditional_t<FP8, uint2, uint4>;
-    static __device__ inline Raw load(const void *row, int64_t c) {
-        return __ldg(reinterpret_cast<const Raw *>(static_cast<const uint8_t *>(row) + c * sizeof(Raw)));
-    }
-    static __device__ inline void to_float(const Raw &w, float (&v)[8]) {
-        if constexpr (FP8) {
-            fp8x8_to_float(w, v);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = Chunk<T>::get(w, e);
-        }
-    }
-};
-
 template <class T, int W, int V, bool FP8 = false>
 __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     constexpr int E = Chunk<T>::n, B = kServeTokenBatch / V, NT = 32 * W;
@@ -519,12 +581,8 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     const int c0 = split * per_split, c1 = min(nchunks, c0 + per_split);
     const int span = (per_split + V - 1) / V, parts = NT / span;
     const int part = tid / span, local = tid % span;
-    // a unit's row and where its down half starts, in bytes
-    const uint8_t *const rows = FP8 ? a.fp8.q : reinterpret_cast<const uint8_t *>(a.pair);
-    const int64_t row_bytes = FP8 ? a.fp8.stride : a.pair_stride * static_cast<int64_t>(sizeof(T));
-    const int64_t down = a.gated ? (FP8 ? a.fp8.half : a.dp * static_cast<int64_t>(sizeof(T))) : 0;
+    const ServeRows<T, FP8> rows(a);
     using Down = DownChunk<T, FP8>;
-    constexpr int64_t chunk_bytes = sizeof(typename Down::Raw);
     const T *hrow = a.gate + t * a.ldg;
     float acc[V][E];
 #pragma unroll
@@ -548,10 +606,9 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
         // 3. h over the window, a warp per unit
         for (int i = warp; i < n; i += W) {
             const int64_t j = units[i];
-            const uint8_t *row = rows + j * row_bytes;
-            if (heuristics::kServePrefetchDown)  // a line of 128 bytes a lane
-                for (int64_t k = c0 * chunk_bytes + lane * 128; k < c1 * chunk_bytes; k += 32 * 128)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + down + k));
+            const uint8_t *row = rows.row(j);
+            if (heuristics::kServePrefetchDown)
+                rows.prefetch_down(j, static_cast<int64_t>(c0) * E, static_cast<int64_t>(c1) * E, lane);
             float h = hs[i], scale_down = 1.0f;
             if constexpr (FP8) {
                 const float2 sc = a.fp8.scale[j];
@@ -579,7 +636,7 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
                 for (int i = 0; i < B; ++i) {
                     const bool ok = i0 + i < i1;
                     h[i] = ok ? hs[i0 + i] : 0.0f;
-                    const uint8_t *row = rows + static_cast<int64_t>(ok ? units[i0 + i] : 0) * row_bytes + down;
+                    const uint8_t *row = rows.row(ok ? units[i0 + i] : 0) + rows.down;
 #pragma unroll
                     for (int v = 0; v < V; ++v) {
                         const int c = c0 + local + v * span;
