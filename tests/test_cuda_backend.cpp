@@ -387,11 +387,11 @@ TEST_CASE("CUDA FFN: twFfnUpdateWeights is ordered on the handle's stream and ca
 }
 
 TEST_CASE("CUDA FFN: TW_COMPUTE_FP8_WEIGHTS against the reference's FP8 forward", "[cuda][ffn][fp8]") {
-    // the serving path's sizes (cuBLAS's gate, then serve_token's FP8 instance: one token, a few,
-    // a hidden output with its one split, the 8-warp blocks past 128 tokens) and the two-pass
-    // kernels' (600 tokens, the masked gate GEMM); H and D off every tile; heavy and llm rows
-    // (the serving path's windows, the two-pass kernels' FP8 dense path); hidden outputs from the
-    // h the kernels leave in the gate buffer
+    // the serving path's FP8 instances (serve_gate and serve_down at 1 and 13 tokens, the 13 with
+    // a hidden output; cuBLAS's gate and serve_token at 37 and at 200, its 8-warp blocks) and the
+    // two-pass kernels' (600 tokens, the masked gate GEMM); H and D off every tile; heavy and llm
+    // rows (the serving path's windows, the two-pass kernels' FP8 dense path); hidden outputs from
+    // the h the kernels leave in the gate buffer
     uint64_t seed = 70;
     for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})
         for (twDataType_t t : {TW_R_16BF, TW_R_16F})
