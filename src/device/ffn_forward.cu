@@ -53,7 +53,7 @@ struct ForwardPath {
     bool dense_mode;      // projections as cuBLAS GEMMs over every row
     bool masked_gate;     // the gate through the masked gate GEMM, the lists from its unit words
     bool two_pass;        // sparse rows through the two-pass kernels (else the fused kernel)
-    bool lists_in_fwd_u;  // masked gate + two-pass (16-bit rows): fwd_u lists its row from the words
+    bool lists_in_fwd_u;  // masked gate + two-pass: fwd_u (fwd_u_fp8) lists its row from the words
     int64_t cublas_rows;  // rows of the dense list that go through cuBLAS GEMMs
 };
 
@@ -82,7 +82,8 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
                        // X and the weights decide; the workspace carver puts the gate on 16 bytes
                        masked_gate_gemm_fits(p.type, masked_gate_operands(st, p, x, FfnScratch{}));
     path.two_pass = training || p.fp8 || heuristics::two_pass_applies(p);
-    path.lists_in_fwd_u = path.masked_gate && path.two_pass && !p.fp8 && p.m <= heuristics::kFwdUListsMaxTokens;
+    path.lists_in_fwd_u = path.masked_gate && path.two_pass && (!p.fp8 || heuristics::kFwdUListsFp8) &&
+                          p.m <= heuristics::kFwdUListsMaxTokens;
     path.cublas_rows = !path.serve && !path.decode && !path.dense_mode && cublas
                            ? heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m)
                            : 0;

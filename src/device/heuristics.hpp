@@ -272,6 +272,13 @@ constexpr int64_t kFwdUListsMaxTokens = TWBLAS_FWD_U_LISTS_MAX_TOKENS;
 #else
 constexpr int64_t kFwdUListsMaxTokens = 4096;
 #endif
+/// The same for TW_COMPUTE_FP8_WEIGHTS (fwd_u_fp8 lists its row from the words); before it the mode
+/// ran lists_from_masks first at every size. -DTWBLAS_FWD_U_LISTS_FP8=0 builds that.
+#ifdef TWBLAS_FWD_U_LISTS_FP8
+constexpr bool kFwdUListsFp8 = TWBLAS_FWD_U_LISTS_FP8;
+#else
+constexpr bool kFwdUListsFp8 = true;
+#endif
 
 /// Teams of warps per token in the fused kernel at small M: enough loads in flight for the GPU.
 /// Depends on M alone, so results stay reproducible.

@@ -133,8 +133,9 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdA
     store_row_l1(l1, warp_l1, a.row_l1 + row);
 }
 
-/// fwd_u of a gated FFN over FP8 rows: the row's unit ids, gate values and up scales staged in
-/// shared memory first (no load waits on another in the loop), and each warp takes its units two
+/// fwd_u of a gated FFN over FP8 rows: the row's unit ids (from the lists, or from the masked gate
+/// GEMM's words as fwd_u makes them), gate values and up scales staged in shared memory first (no
+/// load waits on another in the loop), and each warp takes its units two
 /// at a time (eight 16-byte loads a lane in flight). h goes over the gate value (inference only).
 template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u_fp8(FwdArgs<T> a) {
     wait_for_prior_grid();  // launch_dependent
@@ -142,20 +143,35 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u_fp8(
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 sx[];  // x_t over the FP8 half (zeros past D), then the row's units
     __shared__ float warp_l1[kFwdUWarps];
+    __shared__ int s_warp[kFwdUWarps];
     const int64_t row = blockIdx.x;
-    const int n = min(a.count[row], a.ell);
-    if (n < 0) return;  // the dense path
     const int nchunks = static_cast<int>(a.fp8.half / E);
     int32_t *s_col = reinterpret_cast<int32_t *>(sx + nchunks);
     float *s_g = reinterpret_cast<float *>(s_col + a.ell), *s_su = s_g + a.ell;
     const int64_t base = row * a.ell;
-    for (int k = threadIdx.x; k < n; k += blockDim.x) {
-        const int32_t col = static_cast<int32_t>(min(static_cast<int64_t>(a.idx[base + k]), a.h - 1));
-        s_col[k] = col;
-        s_g[k] = gate_value<T>(a.gate, row * a.ldg + col, false);
-        s_su[k] = a.fp8.scale[col].x;
+    int n;
+    if (a.lists.masks) {
+        // the row's list from the masked gate GEMM's words, as fwd_u makes it (x_t's loads first)
+        stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
+        n = block_list_from_masks(a.lists, row, s_col, a.ell, s_warp);
+        if (n < 0) return;  // the dense path
+        n = min(n, a.ell);
+        __syncthreads();  // s_col
+        for (int k = threadIdx.x; k < n; k += blockDim.x) {
+            s_g[k] = gate_value<T>(a.gate, row * a.ldg + s_col[k], false);
+            s_su[k] = a.fp8.scale[s_col[k]].x;
+        }
+    } else {
+        n = min(a.count[row], a.ell);
+        if (n < 0) return;  // the dense path
+        for (int k = threadIdx.x; k < n; k += blockDim.x) {
+            const int32_t col = static_cast<int32_t>(min(static_cast<int64_t>(a.idx[base + k]), a.h - 1));
+            s_col[k] = col;
+            s_g[k] = gate_value<T>(a.gate, row * a.ldg + col, false);
+            s_su[k] = a.fp8.scale[col].x;
+        }
+        stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
     }
-    stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float l1 = 0.0f;
