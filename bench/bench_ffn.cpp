@@ -28,11 +28,12 @@
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
 //   twblas-bench [--suite=full|profiles|decode|train|train-eager|eager|serving|serving-paper|
-//                         serving-llama|crossover|dense-crossover|heavy-rows|conversions|fp8|smoke]
+//                         serving-llama|crossover|crossover-serve|dense-crossover|heavy-rows|conversions|fp8|smoke]
 //                [Google Benchmark flags]
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
 // crossover: M = 128 to 1024 at the paper's shape, to place the two-pass crossover. Suite
+// crossover-serve: M = 128 to 256 in steps of 32, both shapes, where the serving path ends. Suite
 // serving: M = 1 to 512 (powers of two), both shapes, uniform-29 and llm-29, graph and eager,
 // with the copy bandwidth measured first; twblas points carry need_bw (bytes that must move per
 // second: Wg, the union of the batch's active rows of Wu and Wd, X and Y); serving-paper and
@@ -117,6 +118,10 @@ void register_suite(const std::string &suite) {
     }
     if (suite == "crossover") {  // the two-pass crossover (heuristics::kTwoPassMinTokens), M = 128 to 1024
         register_eager(paper, "uniform-29", {128, 192, 256, 384, 512, 768, 1024}, 1024, true);
+        return;
+    }
+    if (suite == "crossover-serve") {  // where the serving path ends (heuristics::serve_max_tokens), both shapes
+        for (const Shape s : {paper, llama}) register_group(s, "uniform-29", {128, 160, 192, 224, 256}, false, false);
         return;
     }
     if (suite == "train-eager") {

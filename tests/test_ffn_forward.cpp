@@ -118,21 +118,24 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
         }
     // the team shapes of the model dimensions users run: 1, 2 and 4 warps per token; past 128
     // tokens serve_token's 8-warp blocks (one column split, two at D = 4096), and 16-warp blocks
-    // of one split with a hidden output (M = 160). At D = 4096 (H = 8232: a gate past 25 M
-    // weights, heuristics::serve_gate_max_tokens) 13 tokens take cuBLAS's gate and serve_token,
-    // at D = 256 and 2048 serve_gate
+    // of one split with a hidden output (M = 160). At D = 4096 and H = 8232 (a gate past 25 M
+    // weights: heuristics::serve_gate_max_tokens, serve_max_tokens) 13 tokens take cuBLAS's gate
+    // and serve_token, 160 and 256 the two-pass path with the masked gate GEMM; at D = 256 and
+    // 2048, and at D = 4096 with H = 1000, serve_gate and serve_token
     for (int64_t d : {256, 2048, 4096})
-        for (int64_t m : {1, 13, 29, 64, 160, 256}) {
-            FfnCase c;
-            c.m = m;
-            c.d = d;
-            c.h = 2 * d + 40;
-            c.k = 29;
-            c.profile = tt::Profile::Llm;
-            c.hidden = m == 160 ? 1 : 0;
-            c.seed = ++seed;
-            check_forward_case(c);
-        }
+        for (int64_t h : {2 * d + 40, int64_t{1000}})
+            for (int64_t m : {1, 13, 29, 64, 160, 256}) {
+                if (h == 1000 && (d != 4096 || m < 160)) continue;
+                FfnCase c;
+                c.m = m;
+                c.d = d;
+                c.h = h;
+                c.k = 29;
+                c.profile = tt::Profile::Llm;
+                c.hidden = m == 160 ? 1 : 0;
+                c.seed = ++seed;
+                check_forward_case(c);
+            }
     // D past 4096. x rows padded to 4104 values (on 16 bytes): serve_token needs two column
     // splits for its 513 chunks (M = 100), or, with a hidden output (one split), two chunks a
     // thread (M = 20). Unpadded rows (8200 bytes) leave the serving path: the fused kernel's team

@@ -78,7 +78,7 @@ ForwardPath choose_path(const CudaFfnState &st, const FfnProblem &p, const twDnM
                       (st.dense_mode || heuristics::dense_rows_favour_dense_mode(st.dense_row_fraction, p.m)) &&
                       y.order == TW_ORDER_ROW && y.ld % 8 == 0;
     path.masked_gate = !path.serve && !path.decode && !path.dense_mode && st.masked_gate && p.cublas_ok() &&
-                       p.m >= heuristics::kMaskedGateMinTokens && x.order == TW_ORDER_ROW &&
+                       p.m >= heuristics::masked_gate_min_tokens(p.d, p.h) && x.order == TW_ORDER_ROW &&
                        // X and the weights decide; the workspace carver puts the gate on 16 bytes
                        masked_gate_gemm_fits(p.type, masked_gate_operands(st, p, x, FfnScratch{}));
     path.two_pass = training || p.fp8 || heuristics::two_pass_applies(p);

@@ -11,7 +11,16 @@ bool decode_applies(const FfnProblem &p) {
 }
 
 bool serve_applies(const FfnProblem &p) {
-    return p.m >= 1 && p.m <= kServeMaxTokens && !p.gate_f32() && p.dp <= max_model_dim(p.type);
+    return p.m >= 1 && p.m <= serve_max_tokens(p.d, p.h) && !p.gate_f32() && p.dp <= max_model_dim(p.type);
+}
+
+int64_t serve_max_tokens(int64_t d, int64_t h) {
+    return h * d > kServeGateLargeWeights ? std::min(kServeMaxTokens, kServeMaxTokensLarge) : kServeMaxTokens;
+}
+
+int64_t masked_gate_min_tokens(int64_t d, int64_t h) {
+    return h * d > kServeGateLargeWeights ? std::min(kMaskedGateMinTokens, kServeMaxTokensLarge + 1)
+                                          : kMaskedGateMinTokens;
 }
 
 int64_t serve_gate_max_tokens(int64_t d, int64_t h) {

@@ -26,12 +26,13 @@ bool decode_applies(const FfnProblem &p);
 /// Serving (1 to this many tokens, 16-bit, DEFAULT precision): the active units found on the
 /// device, then gathers that read each active unit's Wu and Wd rows once per token
 /// (kernels/serve.cuh). Past it the two-pass path (masked gate GEMM from kMaskedGateMinTokens).
+/// Large gates end earlier (serve_max_tokens).
 /// Measured on an H100, uniform-29, graph replay: with serve_token, M = 256 took 51.8 us against
 /// 55.0 for the team kernel it replaced (Llama's shape 121.2 against 134.1), whose M = 512 had
 /// taken 97.3 against 78.1 for the two-pass path; re-measured with serve_token's 8-warp blocks and
 /// serve_stats (2026-11-27, h100-serve-token-512-2026-11-27.txt): serve_token at M = 512 took 70.9 us
-/// against 58.8 for the two-pass path (Llama's shape 227.9 against 177.8). Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N (0
-/// turns the path off) to time it against the other paths at the same M (bench/NOTES.md).
+/// against 58.8 for the two-pass path (Llama's shape 227.9 against 177.8). Overridable with -DTWBLAS_SERVE_MAX_TOKENS=N
+/// (0 turns the path off) to time it against the other paths at the same M (bench/NOTES.md).
 #ifdef TWBLAS_SERVE_MAX_TOKENS
 constexpr int64_t kServeMaxTokens = TWBLAS_SERVE_MAX_TOKENS;
 #else
@@ -56,6 +57,15 @@ constexpr int64_t kServeGateMaxTokens = 16;
 /// Lines through those points cross at ~25.7 M weights.
 constexpr int64_t kServeGateLargeWeights = 25'000'000;
 int64_t serve_gate_max_tokens(int64_t d, int64_t h);
+/// The serving path's tokens for a gate of H x D weights: kServeMaxTokens, or at most
+/// kServeMaxTokensLarge past kServeGateLargeWeights, the two-pass path (with the masked gate GEMM,
+/// masked_gate_min_tokens) taking the rest. On an H100, same call, against the two-pass path at
+/// 128 to 256 tokens (bench/results/h100-crossover-serve-2026-11-27c.txt): Llama-3-8B's shape
+/// (58.7 M weights) 105.2 / 110.4 / 119.0 / 126.9 us at 160 / 192 / 224 / 256 tokens against
+/// 101.8 / 107.7 / 110.7 / 113.8 (level at 128), the paper's (11.5 M) 40.7 to 45.6 against 52.9
+/// to 54.2. Only the two shapes were measured: the boundary is serve_gate_max_tokens' guess.
+constexpr int64_t kServeMaxTokensLarge = 128;
+int64_t serve_max_tokens(int64_t d, int64_t h);
 /// serve_token's warps per block: 16 (one 512-thread block an SM at 116 registers and 45 KB of
 /// shared memory) up to this many tokens, 8 (two 256-thread blocks an SM, twice the splits) from
 /// it on, unless the launch writes the hidden output (one split, whose wide rows need 16 warps).
@@ -247,6 +257,9 @@ constexpr int64_t kMaskedGateMinTokens = TWBLAS_MASKED_GATE_MIN_TOKENS;
 #else
 constexpr int64_t kMaskedGateMinTokens = 257;
 #endif
+/// kMaskedGateMinTokens, or the first size past the serving path where it ends early
+/// (serve_max_tokens).
+int64_t masked_gate_min_tokens(int64_t d, int64_t h);
 
 /// From this many tokens the sparse rows go through the two-pass kernels (a warp per active
 /// unit for u and h, then y by 512-column slices); below it through the fused kernel, whose
