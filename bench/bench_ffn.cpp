@@ -33,7 +33,8 @@
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
 // crossover: M = 128 to 1024 at the paper's shape, to place the two-pass crossover. Suite
-// crossover-serve: M = 128 to 256 in steps of 32, both shapes, where the serving path ends. Suite
+// crossover-serve: M = 128 to 256 in steps of 32, both shapes and Llama-3.2-3B's (3072 x 8192, also
+// M = 16), where the serving path and serve_gate end for gates near 25 M weights. Suite
 // serving: M = 1 to 512 (powers of two), both shapes, uniform-29 and llm-29, graph and eager,
 // with the copy bandwidth measured first; twblas points carry need_bw (bytes that must move per
 // second: Wg, the union of the batch's active rows of Wu and Wd, X and Y); serving-paper and
@@ -122,6 +123,8 @@ void register_suite(const std::string &suite) {
     }
     if (suite == "crossover-serve") {  // where the serving path ends (heuristics::serve_max_tokens), both shapes
         for (const Shape s : {paper, llama}) register_group(s, "uniform-29", {128, 160, 192, 224, 256}, false, false);
+        // Llama-3.2-3B's FFN (3072 x 8192: 25.2 M gate weights, at heuristics::kServeGateLargeWeights)
+        register_group(Shape{3072, 8192}, "uniform-29", {16, 128, 160, 192, 224, 256}, false, false);
         return;
     }
     if (suite == "train-eager") {

@@ -54,8 +54,13 @@ constexpr int64_t kServeGateMaxTokens = 16;
 /// faster than cuBLAS's gate (which streams Wg at the copy rate) and serve_token: on an H100, same
 /// call (bench/results/h100-serve-gate-16-2026-11-27b.txt), 16 tokens took 22.7 us with it and
 /// 26.1 without at the paper's shape (11.5 M weights), 71.0 and 63.0 at Llama-3-8B's (58.7 M).
-/// Lines through those points cross at ~25.7 M weights.
+/// Lines through those points cross at ~25.7 M weights. -DTWBLAS_SERVE_GATE_LARGE_WEIGHTS=N moves the
+/// boundary (for timing).
+#ifdef TWBLAS_SERVE_GATE_LARGE_WEIGHTS
+constexpr int64_t kServeGateLargeWeights = TWBLAS_SERVE_GATE_LARGE_WEIGHTS;
+#else
 constexpr int64_t kServeGateLargeWeights = 25'000'000;
+#endif
 int64_t serve_gate_max_tokens(int64_t d, int64_t h);
 /// The serving path's tokens for a gate of H x D weights: kServeMaxTokens, or at most
 /// kServeMaxTokensLarge past kServeGateLargeWeights, the two-pass path (with the masked gate GEMM,
