@@ -41,7 +41,7 @@ template <class T> struct ServeArgs {
     int64_t wgate_ld;
     const T *pair;   // [Wu_j | Wd_j] (gated) or [Wd_j]
     int64_t pair_stride;
-    Fp8Rows fp8;  // TW_COMPUTE_FP8_WEIGHTS: the same rows as FP8 (serve_token's FP8 instance)
+    Fp8Rows fp8;  // TW_COMPUTE_FP8_WEIGHTS: the same rows as FP8 (the serving kernels' FP8 instances)
     bool gated, write_h;
     T *gate;  // M x ldg: g of the active units, 0 elsewhere; h over g when write_h
     int64_t ldg;
