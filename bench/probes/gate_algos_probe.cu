@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cublasLt.h>
@@ -71,9 +72,9 @@ void describe(const cublasLtMatmulAlgo_t &algo, char *out, size_t n) {
     std::snprintf(out, n, "tile %d stages %d splitk %d reduction %d swizzle %d", tile, stages, splitk, red, swizzle);
 }
 
-}  // namespace
-
-/// The first heuristic candidate for an M-token gate GEMM (and its layouts' descriptors).
+/// An M-token gate GEMM's descriptors and cuBLASLt's candidates for it, best first. Column-major
+/// z^T (H x M) = Wg (stored D x H, transposed) . x^T (stored D x M): the row-major z = X Wg^T, as
+/// GemmRunner asks for it.
 struct Plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lz;
@@ -97,120 +98,115 @@ Plan make_plan(cublasLtHandle_t lt, int64_t d, int64_t h, int64_t m, size_t ws_b
     cublasLtMatmulPreferenceDestroy(pref);
     return p;
 }
+void destroy_plan(const Plan &p) {
+    cublasLtMatrixLayoutDestroy(p.la);
+    cublasLtMatrixLayoutDestroy(p.lb);
+    cublasLtMatrixLayoutDestroy(p.lz);
+    cublasLtMatmulDescDestroy(p.op);
+}
 
-/// Every M from 17 to 128: M's first candidate, the 64-token bucket's first candidate run at M
-/// (where cublasLtMatmulAlgoCheck accepts it), and the fastest of M's own candidates.
-void sweep(cublasLtHandle_t lt, cudaStream_t st, void *ws, size_t ws_bytes) {
-    struct Shape {
-        int64_t d, h;
-    };
-    for (const Shape s : {Shape{2048, 5632}, Shape{4096, 14336}}) {
-        void *wg[kCopies];
-        for (auto &p : wg) {
-            CHECK_CUDA(cudaMalloc(&p, static_cast<size_t>(s.h * s.d) * 2));
-            CHECK_CUDA(cudaMemset(p, 0x3c, static_cast<size_t>(s.h * s.d) * 2));
+/// A shape's operands: Wg in kCopies copies (past L2), x and z for up to 256 tokens, all bf16
+/// 0.0115 (not zeros).
+struct Operands {
+    int64_t d, h;
+    void *wg[kCopies];
+    void *x, *z;
+};
+Operands make_operands(int64_t d, int64_t h) {
+    Operands o{d, h, {}, nullptr, nullptr};
+    for (auto &p : o.wg) {
+        CHECK_CUDA(cudaMalloc(&p, static_cast<size_t>(h * d) * 2));
+        CHECK_CUDA(cudaMemset(p, 0x3c, static_cast<size_t>(h * d) * 2));
+    }
+    CHECK_CUDA(cudaMalloc(&o.x, static_cast<size_t>(256 * d) * 2));
+    CHECK_CUDA(cudaMemset(o.x, 0x3c, static_cast<size_t>(256 * d) * 2));
+    CHECK_CUDA(cudaMalloc(&o.z, static_cast<size_t>(256 * h) * 2));
+    return o;
+}
+void free_operands(const Operands &o) {
+    for (void *p : o.wg) cudaFree(p);
+    cudaFree(o.x);
+    cudaFree(o.z);
+}
+
+struct Probe {
+    cublasLtHandle_t lt;
+    cudaStream_t st;
+    void *ws;
+    size_t ws_bytes;
+    /// Microseconds a launch of candidate `algo` of plan `p` on operands `o`.
+    float time(const Plan &p, const cublasLtMatmulAlgo_t &algo, const Operands &o) const {
+        return time_algo(lt, p.op, p.la, p.lb, p.lz, algo, o.wg, o.x, o.z, ws, ws_bytes, st);
+    }
+};
+
+int tile_of(const cublasLtMatmulAlgo_t &a) {
+    int t = 0;
+    size_t got = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &t, sizeof t, &got);
+    return t;
+}
+
+/// Every candidate at 16 to 256 tokens, against the first.
+void candidates(const Probe &pr, const Operands &o) {
+    for (int64_t m : {16, 32, 64, 128, 256}) {
+        const Plan p = make_plan(pr.lt, o.d, o.h, m, pr.ws_bytes);
+        float first = 0.0f, best = 1e9f;
+        int best_i = 0;
+        std::printf("d%lld_h%lld m%lld: %d candidates\n", static_cast<long long>(o.d), static_cast<long long>(o.h),
+                    static_cast<long long>(m), p.count);
+        for (int i = 0; i < p.count; ++i) {
+            const float us = pr.time(p, p.res[i].algo, o);
+            char what[160];
+            describe(p.res[i].algo, what, sizeof what);
+            std::printf("  #%2d %8.2f us  workspace %8zu  %s\n", i, us, p.res[i].workspaceSize, what);
+            if (i == 0) first = us;
+            if (us > 0 && us < best) best = us, best_i = i;
         }
-        void *x, *z;
-        CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(256 * s.d) * 2));
-        CHECK_CUDA(cudaMemset(x, 0x3c, static_cast<size_t>(256 * s.d) * 2));
-        CHECK_CUDA(cudaMalloc(&z, static_cast<size_t>(256 * s.h) * 2));
-        std::printf("sweep d%lld_h%lld: M  first(tile us)  bucket64(tile us)  best(us)\n", static_cast<long long>(s.d),
-                    static_cast<long long>(s.h));
-        const Plan b64 = make_plan(lt, s.d, s.h, 64, ws_bytes);
-        for (int64_t m = 17; m <= 128; m += (m < 64 ? 1 : 8)) {
-            const Plan p = make_plan(lt, s.d, s.h, m, ws_bytes);
-            auto tile = [](const cublasLtMatmulAlgo_t &a) {
-                int t = 0;
-                size_t got = 0;
-                cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &t, sizeof t, &got);
-                return t;
-            };
-            const float first = time_algo(lt, p.op, p.la, p.lb, p.lz, p.res[0].algo, wg, x, z, ws, ws_bytes, st);
-            float best = first;
-            for (int i = 1; i < p.count; ++i) {
-                const float us = time_algo(lt, p.op, p.la, p.lb, p.lz, p.res[i].algo, wg, x, z, ws, ws_bytes, st);
-                if (us > 0 && us < best) best = us;
-            }
-            cublasLtMatmulHeuristicResult_t chk{};
-            float bucket = -1.0f;
-            if (cublasLtMatmulAlgoCheck(lt, p.op, p.la, p.lb, p.lz, p.lz, &b64.res[0].algo, &chk) ==
-                CUBLAS_STATUS_SUCCESS)
-                bucket = time_algo(lt, p.op, p.la, p.lb, p.lz, b64.res[0].algo, wg, x, z, ws, ws_bytes, st);
-            std::printf("  %3lld  %4d %6.2f   %4d %6.2f   %6.2f\n", static_cast<long long>(m), tile(p.res[0].algo),
-                        first, tile(b64.res[0].algo), bucket, best);
-        }
-        for (auto &p : wg) cudaFree(p);
-        cudaFree(x);
-        cudaFree(z);
+        std::printf("  first %.2f us, best #%d %.2f us (%.3f)\n", first, best_i, best, best / first);
+        destroy_plan(p);
     }
 }
 
-int main(int argc, char **argv) {
-    cublasLtHandle_t lt;
-    CHECK_LT(cublasLtCreate(&lt));
-    cudaStream_t st;
-    CHECK_CUDA(cudaStreamCreate(&st));
-    const size_t ws_bytes = 32u << 20;
-    void *ws;
-    CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
-    if (argc > 1 && std::string(argv[1]) == "--sweep") {
-        sweep(lt, st, ws, ws_bytes);
-        return 0;
+/// Every M from 17 to 64 and every 8th to 128: M's first candidate, the 64-token plan's first
+/// candidate run at M (where cublasLtMatmulAlgoCheck accepts it), and the fastest of M's own.
+void sweep(const Probe &pr, const Operands &o) {
+    std::printf("sweep d%lld_h%lld: M  first(tile us)  bucket64(tile us)  best(us)\n", static_cast<long long>(o.d),
+                static_cast<long long>(o.h));
+    const Plan b64 = make_plan(pr.lt, o.d, o.h, 64, pr.ws_bytes);
+    for (int64_t m = 17; m <= 128; m += (m < 64 ? 1 : 8)) {
+        const Plan p = make_plan(pr.lt, o.d, o.h, m, pr.ws_bytes);
+        const float first = pr.time(p, p.res[0].algo, o);
+        float best = first;
+        for (int i = 1; i < p.count; ++i) {
+            const float us = pr.time(p, p.res[i].algo, o);
+            if (us > 0 && us < best) best = us;
+        }
+        cublasLtMatmulHeuristicResult_t chk{};
+        float bucket = -1.0f;
+        if (cublasLtMatmulAlgoCheck(pr.lt, p.op, p.la, p.lb, p.lz, p.lz, &b64.res[0].algo, &chk) ==
+            CUBLAS_STATUS_SUCCESS)
+            bucket = pr.time(p, b64.res[0].algo, o);
+        std::printf("  %3lld  %4d %6.2f   %4d %6.2f   %6.2f\n", static_cast<long long>(m), tile_of(p.res[0].algo),
+                    first, tile_of(b64.res[0].algo), bucket, best);
+        destroy_plan(p);
     }
-    struct Shape {
-        int64_t d, h;
-    };
-    for (const Shape s : {Shape{2048, 5632}, Shape{4096, 14336}}) {
-        void *wg[kCopies];
-        for (auto &p : wg) {
-            CHECK_CUDA(cudaMalloc(&p, static_cast<size_t>(s.h * s.d) * 2));
-            CHECK_CUDA(cudaMemset(p, 0x3c, static_cast<size_t>(s.h * s.d) * 2));  // bf16 0.0115, not zeros
-        }
-        void *x, *z;
-        CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(256 * s.d) * 2));
-        CHECK_CUDA(cudaMemset(x, 0x3c, static_cast<size_t>(256 * s.d) * 2));
-        CHECK_CUDA(cudaMalloc(&z, static_cast<size_t>(256 * s.h) * 2));
-        for (int64_t m : {16, 32, 64, 128, 256}) {
-            // column-major z^T (H x M) = Wg (stored D x H, transposed) . x^T (stored D x M): the
-            // row-major z = X Wg^T, as GemmRunner asks for it
-            cublasLtMatmulDesc_t op;
-            CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-            const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-            CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-            CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n));
-            cublasLtMatrixLayout_t la, lb, lz;
-            CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.d, s.h, s.d));
-            CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.d, m, s.d));
-            CHECK_LT(cublasLtMatrixLayoutCreate(&lz, CUDA_R_16BF, s.h, m, s.h));
-            cublasLtMatmulPreference_t pref;
-            CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-            CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                          sizeof ws_bytes));
-            cublasLtMatmulHeuristicResult_t res[kMaxAlgos];
-            int count = 0;
-            CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lz, lz, pref, kMaxAlgos, res, &count));
-            float first = 0.0f, best = 1e9f;
-            int best_i = 0;
-            std::printf("d%lld_h%lld m%lld: %d candidates\n", static_cast<long long>(s.d), static_cast<long long>(s.h),
-                        static_cast<long long>(m), count);
-            for (int i = 0; i < count; ++i) {
-                const float us = time_algo(lt, op, la, lb, lz, res[i].algo, wg, x, z, ws, ws_bytes, st);
-                char what[160];
-                describe(res[i].algo, what, sizeof what);
-                std::printf("  #%2d %8.2f us  workspace %8zu  %s\n", i, us, res[i].workspaceSize, what);
-                if (i == 0) first = us;
-                if (us > 0 && us < best) best = us, best_i = i;
-            }
-            std::printf("  first %.2f us, best #%d %.2f us (%.3f)\n", first, best_i, best, best / first);
-            cublasLtMatmulPreferenceDestroy(pref);
-            cublasLtMatrixLayoutDestroy(la);
-            cublasLtMatrixLayoutDestroy(lb);
-            cublasLtMatrixLayoutDestroy(lz);
-            cublasLtMatmulDescDestroy(op);
-        }
-        for (auto &p : wg) cudaFree(p);
-        cudaFree(x);
-        cudaFree(z);
+    destroy_plan(b64);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    Probe pr{};
+    CHECK_LT(cublasLtCreate(&pr.lt));
+    CHECK_CUDA(cudaStreamCreate(&pr.st));
+    pr.ws_bytes = 32u << 20;  // GemmRunner::kWorkspaceBytes
+    CHECK_CUDA(cudaMalloc(&pr.ws, pr.ws_bytes));
+    const bool sweeping = argc > 1 && std::string(argv[1]) == "--sweep";
+    for (const auto &[d, h] : {std::pair<int64_t, int64_t>{2048, 5632}, {4096, 14336}}) {
+        const Operands o = make_operands(d, h);
+        sweeping ? sweep(pr, o) : candidates(pr, o);
+        free_operands(o);
     }
     return 0;
 }

@@ -72,6 +72,41 @@ __device__ inline void store_row_l1(float l1, float *warp_l1, float *dst) {
     }
 }
 
+/// The start of fwd_u and fwd_u_fp8: x_t staged (`stage_x`), the row's units into s_col and their
+/// gate values into s_g (`each(k, unit)` stages more per unit), listed from the masked gate GEMM's
+/// words (lists_from_masks's work; x_t's loads go first, so that they are in flight while the words
+/// are read) or read from the lists. Returns the units, or -1 for a dense-path row (the block
+/// returns); ends with a barrier.
+template <class T, class Each>
+__device__ inline int stage_row_units(const FwdArgs<T> &a, int64_t row, uint4 *sx, int nchunks, bool stage_x,
+                                      int32_t *s_col, float *s_g, int *s_warp, Each &&each) {
+    int n;
+    if (a.lists.masks) {
+        if (stage_x) stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
+        n = block_list_from_masks(a.lists, row, s_col, a.ell, s_warp);
+        if (n < 0) return -1;  // the dense path
+        n = min(n, a.ell);
+        __syncthreads();  // s_col
+        for (int k = threadIdx.x; k < n; k += blockDim.x) {
+            s_g[k] = gate_value<T>(a.gate, row * a.ldg + s_col[k], a.gate_f32);
+            each(k, s_col[k]);
+        }
+    } else {
+        n = min(a.count[row], a.ell);
+        if (n < 0) return -1;  // the dense path
+        const int64_t base = row * a.ell;
+        for (int k = threadIdx.x; k < n; k += blockDim.x) {
+            const int32_t col = static_cast<int32_t>(min(static_cast<int64_t>(a.idx[base + k]), a.h - 1));
+            s_col[k] = col;
+            s_g[k] = gate_value<T>(a.gate, row * a.ldg + col, a.gate_f32);
+            each(k, col);
+        }
+        if (stage_x) stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
+    }
+    __syncthreads();
+    return n;
+}
+
 /// The row's unit ids and gate values staged in shared memory first (the loop's loads wait on no
 /// other load), and each unit's whole row (up to D = 2048) in flight at once (warp_row_dot): at 29
 /// units a token and 8 warps, about four rounds of row loads a warp instead of about seven chains
@@ -89,27 +124,8 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdA
     int32_t *s_col = reinterpret_cast<int32_t *>(sx + nchunks);
     float *s_g = reinterpret_cast<float *>(s_col + a.ell);
     const int64_t base = row * a.ell;
-    int n;
-    if (a.lists.masks) {
-        // the row's list from the words (lists_from_masks's work): x_t's loads go first, so that
-        // they are in flight while the words are read
-        if (a.gated) stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
-        n = block_list_from_masks(a.lists, row, s_col, a.ell, s_warp);
-        if (n < 0) return;  // the dense path
-        n = min(n, a.ell);
-        __syncthreads();  // s_col
-        for (int k = threadIdx.x; k < n; k += blockDim.x) s_g[k] = gate_value<T>(a.gate, row * a.ldg + s_col[k], a.gate_f32);
-    } else {
-        n = min(a.count[row], a.ell);
-        if (n < 0) return;  // the dense path
-        for (int k = threadIdx.x; k < n; k += blockDim.x) {
-            const int32_t col = static_cast<int32_t>(min(static_cast<int64_t>(a.idx[base + k]), a.h - 1));
-            s_col[k] = col;
-            s_g[k] = gate_value<T>(a.gate, row * a.ldg + col, a.gate_f32);
-        }
-        if (a.gated) stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
-    }
-    __syncthreads();
+    const int n = stage_row_units(a, row, sx, nchunks, a.gated, s_col, s_g, s_warp, [](int, int32_t) {});
+    if (n < 0) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float l1 = 0.0f;
     for (int k = warp; k < n; k += kFwdUWarps) {
@@ -148,31 +164,10 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u_fp8(
     const int nchunks = static_cast<int>(a.fp8.half / E);
     int32_t *s_col = reinterpret_cast<int32_t *>(sx + nchunks);
     float *s_g = reinterpret_cast<float *>(s_col + a.ell), *s_su = s_g + a.ell;
-    const int64_t base = row * a.ell;
-    int n;
-    if (a.lists.masks) {
-        // the row's list from the masked gate GEMM's words, as fwd_u makes it (x_t's loads first)
-        stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
-        n = block_list_from_masks(a.lists, row, s_col, a.ell, s_warp);
-        if (n < 0) return;  // the dense path
-        n = min(n, a.ell);
-        __syncthreads();  // s_col
-        for (int k = threadIdx.x; k < n; k += blockDim.x) {
-            s_g[k] = gate_value<T>(a.gate, row * a.ldg + s_col[k], false);
-            s_su[k] = a.fp8.scale[s_col[k]].x;
-        }
-    } else {
-        n = min(a.count[row], a.ell);
-        if (n < 0) return;  // the dense path
-        for (int k = threadIdx.x; k < n; k += blockDim.x) {
-            const int32_t col = static_cast<int32_t>(min(static_cast<int64_t>(a.idx[base + k]), a.h - 1));
-            s_col[k] = col;
-            s_g[k] = gate_value<T>(a.gate, row * a.ldg + col, false);
-            s_su[k] = a.fp8.scale[col].x;
-        }
-        stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
-    }
-    __syncthreads();
+    // gated only; FP8 FFNs are 16-bit, so the gate values are too (a.gate_f32 false)
+    const int n = stage_row_units(a, row, sx, nchunks, true, s_col, s_g, s_warp,
+                                  [&](int k, int32_t col) { s_su[k] = a.fp8.scale[col].x; });
+    if (n < 0) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float l1 = 0.0f;
     for (int k = 2 * warp; k < n; k += 2 * kFwdUWarps) {
