@@ -21,13 +21,20 @@ get() { sed -n "s/^$1 = //p" "$flags"; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 link=$(cat "$build/src/CMakeFiles/twblas.dir/link.txt")
+hopper="$build/src/CMakeFiles/twblas_hopper_objects.dir"
 for src in "$@"; do
-  obj="$objs/$src.o"
+  # the Hopper-only sources (src/CMakeLists.txt: twblas_hopper_objects) keep their own defines and sm_90a
+  dir=twblas_objects.dir arch="compute_90,code=[sm_90]" defs=$(get CUDA_DEFINES)
+  if [ -f "$hopper/$src.o" ]; then
+    dir=twblas_hopper_objects.dir arch="compute_90a,code=[sm_90a]"
+    defs=$(sed -n "s/^CUDA_DEFINES = //p" "$hopper/flags.make")
+  fi
+  obj="$build/src/CMakeFiles/$dir/$src.o"
   [ -f "$obj" ] || { echo "no object $obj in $build" >&2; exit 1; }
-  (cd "$build/src" && eval /usr/local/cuda/bin/nvcc -forward-unknown-to-host-compiler "$(get CUDA_DEFINES)" $defines \
-      --options-file "$objs/includes_CUDA.rsp" -O3 -DNDEBUG --generate-code=arch=compute_90,code=[sm_90] \
+  (cd "$build/src" && eval /usr/local/cuda/bin/nvcc -forward-unknown-to-host-compiler "$defs" $defines \
+      --options-file "CMakeFiles/$dir/includes_CUDA.rsp" -O3 -DNDEBUG --generate-code=arch=$arch \
       -Xcompiler=-fPIC -std=c++17 -x cu -c "$root/src/$src" -o "$work/$(basename "$src").o")
-  link=${link//CMakeFiles\/twblas_objects.dir\/$src.o/$work\/$(basename "$src").o}
+  link=${link//CMakeFiles\/$dir\/$src.o/$work\/$(basename "$src").o}
 done
 # link.txt runs from build/src and names its output libtwblas.so.0.1.0 there: write it to OUT
 link=${link//-o libtwblas.so.0.1.0/-o $out/src/libtwblas.so.0.1.0}
