@@ -63,19 +63,6 @@ void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, const DeviceInfo &dev
     const int64_t ldz = std::max<int64_t>(1, (b.rows + 7) / 8 * 8);
     MaskedGateGemm g{};
     if (masked_operands(dev, alpha, a, b, c, act, s, ldz, g)) {
-        if (c.format == TW_FORMAT_TWELL) {  // the blocks from the GEMM itself, then the overflow rows' slots
-            const ContainerArgs o = container_args(c);
-            auto *flags = static_cast<int32_t *>(s.flags);
-            const TwellTarget t{
-                reinterpret_cast<uint32_t *>(o.base), o.ld, o.cols, o.tile, o.slots, o.words_per_block, flags};
-            if (masked_gate_twell_fits(a.type, g, t)) {
-                check(cudaMemsetAsync(flags, 0, static_cast<size_t>(c.rows) * sizeof(int32_t), stream),
-                      "cudaMemsetAsync");
-                launch_masked_gate_gemm_twell(stream, a.type, g, t, dev.device, dev.sm_count);
-                assign_overflow_slots(stream, flags, c, nullptr);
-                return;
-            }
-        }
         // the writer reads the active values only (the others were never written)
         launch_masked_gate_gemm(stream, a.type, g, dev.device, dev.sm_count);
         write_sparse(stream, {s.z, a.rows, b.rows, ldz, 1, a.type}, act, c, s.flags, {g.masks, g.words});

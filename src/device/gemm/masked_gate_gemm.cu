@@ -14,8 +14,6 @@ void launch_bf16(cudaStream_t stream, const MaskedGateGemm &g, int device, int s
 void launch_f16(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 void launch_bf16_narrow(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
 void launch_f16_narrow(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count);
-void launch_bf16_twell(cudaStream_t stream, const MaskedGateGemm &g, const TwellTarget &t, int device, int sm_count);
-void launch_f16_twell(cudaStream_t stream, const MaskedGateGemm &g, const TwellTarget &t, int device, int sm_count);
 }  // namespace masked_gate
 #endif
 
@@ -51,22 +49,6 @@ void launch_masked_gate_gemm(cudaStream_t stream, twDataType_t type, const Maske
         (narrow ? masked_gate::launch_f16_narrow : masked_gate::launch_f16)(stream, g, device, sm_count);
 #else
     (void)stream, (void)type, (void)g, (void)device, (void)sm_count;
-    fail(TW_STATUS_INTERNAL_ERROR, "masked gate GEMM: this build holds no sm_90a code (masked_gate_gemm_built)");
-#endif
-}
-
-bool masked_gate_twell_fits(twDataType_t type, const MaskedGateGemm &g, const TwellTarget &t) {
-    return masked_gate_gemm_fits(type, g) && (t.tile == 64 || t.tile == 128 || t.tile == 256) && t.cols == g.n &&
-           t.slots > 0 && t.cols <= 65536;
-}
-
-void launch_masked_gate_gemm_twell(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g,
-                                   const TwellTarget &t, int device, int sm_count) {
-#if defined(TWBLAS_HAVE_SM90A)
-    (type == TW_R_16BF ? masked_gate::launch_bf16_twell : masked_gate::launch_f16_twell)(stream, g, t, device,
-                                                                                         sm_count);
-#else
-    (void)stream, (void)type, (void)g, (void)t, (void)device, (void)sm_count;
     fail(TW_STATUS_INTERNAL_ERROR, "masked gate GEMM: this build holds no sm_90a code (masked_gate_gemm_built)");
 #endif
 }

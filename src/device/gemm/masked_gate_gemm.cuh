@@ -89,7 +89,6 @@ struct MaskedEpilogueArgs {
     int64_t ldg;
     uint32_t *masks;
     int64_t words;
-    TwellTarget twell;  // the TwELL form's container (masked_gate_twell.cuh); unused otherwise
 };
 
 /// The epilogue: each thread tests its accumulators, stores the active ones (rounded) on their
@@ -121,23 +120,6 @@ class MaskedEpilogue : public RegisterEpilogueBase<T, MaskedEpilogueArgs<T>> {
     CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
                                    BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const &acc,
                                    TiledMma tiled_mma, ResidueMNK, int thread_idx, char *) {
-        store_tile(
-            problem_shape_mnkl, blk_shape_mnk, blk_coord_mnkl, acc, tiled_mma, thread_idx,
-            [&](int64_t m0, int64_t n0, int lr, int w, uint32_t word) {
-                params_.masks[(m0 + lr) * params_.words + n0 / 32 + w] = word;
-            },
-            [](int, int, uint32_t) {});
-    }
-
-  protected:
-    /// The tile's active values into the gate (each also to `on_active(tile row, tile column,
-    /// 16-bit value)`), and its words to `sink(m0, n0, tile row, word index, word)` (the masks, or
-    /// the TwELL form's shared memory).
-    template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
-              class TiledMma, class Sink, class OnActive>
-    CUTLASS_DEVICE void store_tile(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
-                                   BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const &acc,
-                                   TiledMma tiled_mma, int thread_idx, Sink &&sink, OnActive &&on_active) {
         static_assert(size<1>(BlockShapeMNK{}) == kTileN, "the tile width the words are laid out for");
         constexpr int kWords = kTileN / 32;
         // per thread: (2 columns, 2 rows, kTileN / 8 column blocks) of one 64-row wgmma tile
@@ -153,17 +135,17 @@ class MaskedEpilogue : public RegisterEpilogueBase<T, MaskedEpilogueArgs<T>> {
         const int m_rem = static_cast<int>(min<int64_t>(m_total - m0, size<0>(BlockShapeMNK{})));
         const int n_rem = static_cast<int>(min<int64_t>(n_total - n0, kTileN));
         uint32_t bits[2][kWords] = {};
-        store_active(acc, c_thr, m0, n0, m_rem, n_rem, bits, on_active);
-        store_words(c_thr, m_rem, n_rem, thread_idx, bits,
-                    [&](int lr, int w, uint32_t word) { sink(m0, n0, lr, w, word); });
+        store_active(acc, c_thr, m0, n0, m_rem, n_rem, bits);
+        store_words(c_thr, m0, n0, m_rem, n_rem, thread_idx, bits);
     }
 
+  private:
     /// Only the active values, each stored on its own from the registers (~0.5 % of them in a
     /// trained FFN): no staging, a comparison and the word bits per value. A reader of whole
     /// rows must zero the inactive values first (lists_from_masks, for the dense path's rows).
-    template <class Acc, class Coord, class OnActive>
+    template <class Acc, class Coord>
     CUTLASS_DEVICE void store_active(Acc const &acc, Coord const &c_thr, int64_t m0, int64_t n0, int m_rem, int n_rem,
-                                     uint32_t (&bits)[2][kTileN / 32], OnActive &on_active) {
+                                     uint32_t (&bits)[2][kTileN / 32]) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < kTileN / 2; i += 2) {
             const int v1 = (i / 2) % 2, block = i / 4;
@@ -175,19 +157,17 @@ class MaskedEpilogue : public RegisterEpilogueBase<T, MaskedEpilogueArgs<T>> {
                 const int lr = get<0>(c_thr(i)), lc = get<1>(c_thr(i));
                 const uint32_t packed = R::pack2(acc(i), acc(i + 1));
                 uint16_t *p = reinterpret_cast<uint16_t *>(params_.gate + (m0 + lr) * params_.ldg + n0 + lc);
-                if (lr < m_rem && a0 && lc < n_rem)
-                    p[0] = static_cast<uint16_t>(packed), on_active(lr, lc, packed & 0xffffu);
-                if (lr < m_rem && a1 && lc + 1 < n_rem)
-                    p[1] = static_cast<uint16_t>(packed >> 16), on_active(lr, lc + 1, packed >> 16);
+                if (lr < m_rem && a0 && lc < n_rem) p[0] = static_cast<uint16_t>(packed);
+                if (lr < m_rem && a1 && lc + 1 < n_rem) p[1] = static_cast<uint16_t>(packed >> 16);
             }
         }
     }
 
     /// The words: the lane's bits moved to its columns, ORed over the quad (two shuffles), clipped
-    /// to the tile's columns, one store per (row, 32 columns) by `sink(tile row, word, value)`.
-    template <class Coord, class Sink>
-    CUTLASS_DEVICE void store_words(Coord const &c_thr, int m_rem, int n_rem, int thread_idx,
-                                    uint32_t (&bits)[2][kTileN / 32], Sink &&sink) {
+    /// to the tile's columns, one store per (row, 32 columns).
+    template <class Coord>
+    CUTLASS_DEVICE void store_words(Coord const &c_thr, int64_t m0, int64_t n0, int m_rem, int n_rem, int thread_idx,
+                                    uint32_t (&bits)[2][kTileN / 32]) {
         constexpr int kWords = kTileN / 32;
         const int quad_lane = thread_idx & 3;
         const int lane_shift = static_cast<int>(get<1>(c_thr(0)) & 7);  // this lane's columns in each block
@@ -201,7 +181,8 @@ class MaskedEpilogue : public RegisterEpilogueBase<T, MaskedEpilogueArgs<T>> {
                 word |= __shfl_xor_sync(0xffffffffu, word, 2);
                 const int valid = n_rem - w * 32;  // columns of this word inside the problem
                 if (valid < 32) word &= valid > 0 ? (1u << valid) - 1u : 0u;
-                if (w % 4 == quad_lane && lr < m_rem && w * 32 < n_rem) sink(lr, w, word);
+                if (w % 4 == quad_lane && lr < m_rem && w * 32 < n_rem)
+                    params_.masks[(m0 + lr) * params_.words + n0 / 32 + w] = word;
             }
         }
     }
@@ -231,8 +212,7 @@ struct Kernel {
 /// Builds the arguments and launches; the adapter's host work (TMA descriptors, the grid) is a
 /// few microseconds, paid once per captured graph.
 template <class T, class K = Kernel<T>>
-void launch_typed(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count,
-                  const TwellTarget &twell = {}) {
+void launch_typed(cudaStream_t stream, const MaskedGateGemm &g, int device, int sm_count) {
     using Gemm = typename K::Gemm;
     using StrideA = typename Gemm::GemmKernel::StrideA;
     using StrideB = typename Gemm::GemmKernel::StrideB;
@@ -240,11 +220,12 @@ void launch_typed(cudaStream_t stream, const MaskedGateGemm &g, int device, int 
     get<0>(sa) = g.ldx;
     StrideB sb{};
     get<0>(sb) = g.ldw;
-    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
-                                  {static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1},
-                                  {static_cast<const T *>(g.x), sa, static_cast<const T *>(g.w), sb},
-                                  {static_cast<typename Round<T>::Native *>(g.gate), g.ldg, g.masks, g.words, twell},
-                                  cutlass::KernelHardwareInfo{device, sm_count}};
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1},
+        {static_cast<const T *>(g.x), sa, static_cast<const T *>(g.w), sb},
+        {static_cast<typename Round<T>::Native *>(g.gate), g.ldg, g.masks, g.words},
+        cutlass::KernelHardwareInfo{device, sm_count}};
     Gemm gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess)
         fail(TW_STATUS_INTERNAL_ERROR, "masked gate GEMM: CUTLASS cannot run these operands");

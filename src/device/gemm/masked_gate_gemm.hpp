@@ -29,17 +29,6 @@ struct MaskedGateGemm {
     int64_t words;
 };
 
-/// A TwELL container that the GEMM writes itself (twGemmToSparse): C's rows `ld` words apart,
-/// blocks of `tile` columns (64, 128 or 256: inside one 256-wide output tile) holding up to
-/// `slots` entries in `words_per_block` words; `flags[row]` set to 1 where a block overflows
-/// (zeroed before the GEMM: rows without overflow are not written).
-struct TwellTarget {
-    uint32_t *base;
-    int64_t ld, cols;
-    int32_t tile, slots, words_per_block;
-    int32_t *flags;
-};
-
 /// Whether this build holds the kernel (it is compiled for sm_90a only).
 bool masked_gate_gemm_built();
 
@@ -50,15 +39,5 @@ bool masked_gate_gemm_fits(twDataType_t type, const MaskedGateGemm &g);
 /// Enqueues the GEMM on `stream` (no allocation, no synchronisation; graph capture works). The
 /// device must be sm_90 and the operands must fit.
 void launch_masked_gate_gemm(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g, int device, int sm_count);
-
-/// Whether the TwELL form takes `t` with these operands (masked_gate_gemm_fits, and TwELL tiles
-/// of 64, 128 or 256 columns).
-bool masked_gate_twell_fits(twDataType_t type, const MaskedGateGemm &g, const TwellTarget &t);
-
-/// The GEMM whose idle producer warp writes the TwELL blocks of each finished tile (its values
-/// still go to g.gate, which the blocks are built from; g.masks is not written) while the
-/// consumers compute the next tile. The overflow rows' slots are assigned after it.
-void launch_masked_gate_gemm_twell(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g,
-                                   const TwellTarget &t, int device, int sm_count);
 
 }  // namespace twblas::cuda
