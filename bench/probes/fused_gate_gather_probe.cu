@@ -14,7 +14,8 @@
 //   nvcc -arch=sm_90a -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DTWBLAS_HAVE_SM90A -Isrc \
 //     -Isrc/device -Iinclude -Ibuild/include -isystem .deps/cutlass/cutlass_library/source/include \
 //     bench/probes/fused_gate_gather_probe.cu -o build/fused_gate_gather_probe
-// Run: fused_gate_gather_probe [M] [stages]   (default 16384, 3; H = 5632, D = 2048, 29 units a token)
+// Run: fused_gate_gather_probe [M]   (default 16384; H = 5632, D = 2048, 29 units a token; -DSTAGES=N
+// builds another stage count, 3 by default: the rings take the fourth stage's shared memory)
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/pipeline.hpp>
