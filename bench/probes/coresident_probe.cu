@@ -24,19 +24,9 @@
 #include <random>
 #include <vector>
 
+#include "gate_gather_problem.cuh"
 #include "gather_kernels.cuh"
 #include "gemm/masked_gate_gemm.cuh"
-
-namespace twblas {
-[[noreturn]] void fail(twStatus_t s, const char *fmt, ...) {
-    va_list a;
-    va_start(a, fmt);
-    std::vfprintf(stderr, fmt, a);
-    va_end(a);
-    std::fprintf(stderr, " (%d)\n", static_cast<int>(s));
-    std::exit(1);
-}
-}  // namespace twblas
 
 using namespace twblas::cuda;
 using namespace cute;
@@ -90,48 +80,17 @@ template <class F> float time_us(cudaStream_t s0, F &&launch) {
     return ms * 1e3f / kReps;
 }
 
-template <class T> T *upload(const std::vector<T> &v) {
-    T *p = nullptr;
-    CHECK(cudaMalloc(&p, std::max<size_t>(1, v.size()) * sizeof(T)));
-    CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-}
-
 int main(int argc, char **argv) {
     const int m = argc > 1 ? std::atoi(argv[1]) : 16384;
     const int h = 5632, d = 2048, k = 29;
     int device = 0, sms = 0;
     CHECK(cudaGetDevice(&device));
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-
-    // the gate: uniform values (w's within +-0.25: z's spread ~3.8 at D = 2048) and a bias column
-    // (x[:, 0] = 1, w[:, 0] = -9.75) that leaves ~0.5 % of it active; the unit rows [Wu_j | Wd_j]
-    std::vector<bf16> hx(static_cast<size_t>(m) * d), hw(static_cast<size_t>(h) * d), hpair(static_cast<size_t>(h) * 2 * d);
-    for (size_t i = 0; i < hx.size(); ++i) hx[i] = __float2bfloat16(i % d == 0 ? 1.0f : uni(rng));
-    for (size_t i = 0; i < hw.size(); ++i) hw[i] = __float2bfloat16(i % d == 0 ? -9.75f : 0.25f * uni(rng));
-    for (auto &v : hpair) v = __float2bfloat16(0.05f * uni(rng));
-    // 29 distinct random units a token, its pairs in order
-    std::vector<int> pt, pj, tstart(m + 1);
-    std::vector<float> g;
-    std::uniform_int_distribution<int> unit(0, h - 1);
-    for (int t = 0; t < m; ++t) {
-        tstart[t] = static_cast<int>(pj.size());
-        std::vector<int> us;
-        while (static_cast<int>(us.size()) < k) {
-            const int u = unit(rng);
-            if (std::find(us.begin(), us.end(), u) == us.end()) us.push_back(u);
-        }
-        std::sort(us.begin(), us.end());
-        for (int u : us) {
-            pt.push_back(t);
-            pj.push_back(u);
-            g.push_back(uni(rng));
-        }
-    }
-    tstart[m] = static_cast<int>(pj.size());
-    const int npairs = tstart[m];
+    const GateGatherProblem prob = make_gate_gather_problem(m, h, d, k);
+    const std::vector<bf16> &hx = prob.x, &hw = prob.w, &hpair = prob.pair;
+    const std::vector<int> &pt = prob.pt, &pj = prob.pj, &tstart = prob.tstart;
+    const std::vector<float> &g = prob.g;
+    const int npairs = prob.pairs();
 
     bf16 *x = upload(hx), *w = upload(hw), *pair = upload(hpair);
     int *dpt = upload(pt), *dpj = upload(pj), *dts = upload(tstart);

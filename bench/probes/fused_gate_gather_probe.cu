@@ -26,19 +26,8 @@
 #include <random>
 #include <vector>
 
+#include "gate_gather_problem.cuh"
 #include "gemm/masked_gate_gemm.cuh"
-#include "probe_common.cuh"
-
-namespace twblas {
-[[noreturn]] void fail(twStatus_t s, const char *fmt, ...) {
-    va_list a;
-    va_start(a, fmt);
-    std::vfprintf(stderr, fmt, a);
-    va_end(a);
-    std::fprintf(stderr, " (%d)\n", static_cast<int>(s));
-    std::exit(1);
-}
-}  // namespace twblas
 
 using namespace cute;
 using BF = cutlass::bfloat16_t;
@@ -204,40 +193,16 @@ __global__ void __launch_bounds__(384, 1) fused(const __grid_constant__ Params p
     }
 }
 
-template <class T> T *upload(const std::vector<T> &v) {
-    T *q = nullptr;
-    CHECK(cudaMalloc(&q, std::max<size_t>(1, v.size()) * sizeof(T)));
-    CHECK(cudaMemcpy(q, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return q;
-}
-
 int main(int argc, char **argv) {
     const int m = argc > 1 ? std::atoi(argv[1]) : 16384;
     const int h = 5632, d = kD, k = 29;
     int sms = 0;
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    // as coresident_probe.cu: ~0.5 % of the gate active, 29 random units a token for the gathers
-    std::vector<bf16> hx(static_cast<size_t>(m) * d), hw(static_cast<size_t>(h) * d), hpair(static_cast<size_t>(h) * 2 * d);
-    for (size_t i = 0; i < hx.size(); ++i) hx[i] = __float2bfloat16(i % d == 0 ? 1.0f : uni(rng));
-    for (size_t i = 0; i < hw.size(); ++i) hw[i] = __float2bfloat16(i % d == 0 ? -9.75f : 0.25f * uni(rng));
-    for (auto &v : hpair) v = __float2bfloat16(0.05f * uni(rng));
-    std::vector<int> pj, tstart(m + 1);
-    std::vector<float> g;
-    std::uniform_int_distribution<int> unit(0, h - 1);
-    for (int t = 0; t < m; ++t) {
-        tstart[t] = static_cast<int>(pj.size());
-        std::vector<int> us;
-        while (static_cast<int>(us.size()) < k) {
-            const int u = unit(rng);
-            if (std::find(us.begin(), us.end(), u) == us.end()) us.push_back(u);
-        }
-        std::sort(us.begin(), us.end());
-        for (int u : us) pj.push_back(u), g.push_back(uni(rng));
-    }
-    tstart[m] = static_cast<int>(pj.size());
-    const int npairs = tstart[m];
+    const GateGatherProblem prob = make_gate_gather_problem(m, h, d, k);  // as coresident_probe.cu's
+    const std::vector<bf16> &hx = prob.x, &hw = prob.w, &hpair = prob.pair;
+    const std::vector<int> &pj = prob.pj, &tstart = prob.tstart;
+    const std::vector<float> &g = prob.g;
+    const int npairs = prob.pairs();
 
     bf16 *x = upload(hx), *w = upload(hw), *pair = upload(hpair);
     int *dpj = upload(pj), *dts = upload(tstart);

@@ -6,8 +6,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CHECK(x)                                                                                       \
     do {                                                                                               \
@@ -26,4 +28,12 @@ __device__ inline float dot8(uint4 w, uint4 x, float acc) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc = fmaf(__bfloat162float(a[e]), __bfloat162float(b[e]), acc);
     return acc;
+}
+
+/// A device copy of `v` (at least one element's memory), never freed: probes exit.
+template <class T> T *upload(const std::vector<T> &v) {
+    T *p = nullptr;
+    CHECK(cudaMalloc(&p, std::max<size_t>(1, v.size()) * sizeof(T)));
+    CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
 }

@@ -66,13 +66,6 @@ template <class F> float time_us(F &&launch) {
     return ms * 1e3f / kReps;
 }
 
-template <class T> T *upload(const std::vector<T> &v) {
-    T *p = nullptr;
-    CHECK(cudaMalloc(&p, std::max<size_t>(1, v.size()) * sizeof(T)));
-    CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-}
-
 int main(int argc, char **argv) {
     const int m = argc > 1 ? std::atoi(argv[1]) : 64, hdim = argc > 2 ? std::atoi(argv[2]) : 5632;
     const int d = argc > 3 ? std::atoi(argv[3]) : 2048, k = argc > 4 ? std::atoi(argv[4]) : 29;
