@@ -1,41 +1,65 @@
 #!/usr/bin/env python3
-"""Turns twblas-bench JSON (Google Benchmark) into a markdown table and a plot.
+"""Writes docs/benchmarks.md and its plots from the twblas-bench JSON in bench/results.
 
-    scripts/bench-report.py bench/results/FILE.json [--md docs/benchmarks.md] [--plot docs/speedup.png]
-                            [--train bench/results/TRAIN.json]
+    python3 scripts/bench-report.py [--results bench/results] [--docs docs] [--no-plots]
 
-Every ratio compares timings of one run (one JSON file): twblas against the dense cuBLAS FFN,
-against the gate GEMM alone, and against the cuSPARSE pipeline. The plot shows the speedup over
-dense cuBLAS against the measured active units per token, with the break-even line.
+Each file in bench/results is one run of one suite on one GPU, named <gpu>-<suite>[-<set>].json
+(bench/results/README.md). Every ratio compares timings of one file (one run, one card). The
+plots need matplotlib; without it (or with --no-plots) the PNGs are left as they are.
 """
 import argparse
 import json
+import math
+import os
 import re
 import sys
 from collections import defaultdict
 
-NAME = re.compile(r"^ffn/(?P<variant>[a-z_]+)/d(?P<d>\d+)_h(?P<h>\d+)/(?P<profile>[a-z]+-[0-9.]+)/m(?P<m>\d+)")
+FFN = re.compile(r"^ffn/(?P<variant>[a-z0-9_]+)/d(?P<d>\d+)_h(?P<h>\d+)/(?P<profile>[a-z0-9.+-]+)/m(?P<m>\d+)/")
+CONV = re.compile(r"^conv/(?P<variant>[a-z0-9_]+)/d(?P<h>\d+)/(?P<profile>[a-z0-9.+-]+)/m(?P<m>\d+)/")
+UNIT = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+PAPER, LLAMA = (2048, 5632), (4096, 14336)
+SHAPE_NAME = {PAPER: "the paper's shape (D 2048, H 5632)", LLAMA: "Llama-3-8B's shape (D 4096, H 14336)"}
+
+DENSE_FFN = ("the dense cuBLAS FFN of the same data in the same run (cuBLASLt [g | u] = X [Wg; Wu]^T as one "
+             "GEMM, h = ReLU(g) u, Y = h Wd), also replayed from a CUDA graph")
 
 
-def load(path):
-    with open(path) as f:
-        data = json.load(f)
-    rows = defaultdict(dict)  # (d, h, profile, m) -> variant -> entry
-    for b in data["benchmarks"]:
-        if b.get("aggregate_name") != "median" or b.get("error_occurred"):
-            continue
-        m = NAME.match(b["name"])
-        if not m:
-            continue
-        key = (int(m["d"]), int(m["h"]), m["profile"], int(m["m"]))
-        unit = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "us")]
-        entry = {"ms": b["real_time"] * unit}
-        entry.update({k: v for k, v in b.items() if isinstance(v, (int, float)) and k not in ("real_time", "cpu_time")})
-        rows[key][m["variant"]] = entry
-    return data.get("context", {}), rows
+class Run:
+    """One JSON file: its context and its medians, keyed by problem then variant."""
+
+    def __init__(self, path):
+        self.path = path
+        self.name = os.path.basename(path)
+        with open(path) as f:
+            data = json.load(f)
+        self.ctx = data.get("context", {})
+        self.rows = defaultdict(dict)  # (d, h, profile, m) or ("conv", h, profile, m) -> variant -> entry
+        self.copy_bw = None
+        for b in data.get("benchmarks", []):
+            if b.get("aggregate_name") != "median" or b.get("error_occurred"):
+                continue
+            entry = {k: v for k, v in b.items() if isinstance(v, (int, float))}
+            entry["ms"] = b["real_time"] * UNIT[b.get("time_unit", "us")]
+            if b["name"].startswith("copy/"):
+                self.copy_bw = b.get("copy_bw")
+            elif m := FFN.match(b["name"]):
+                self.rows[(int(m["d"]), int(m["h"]), m["profile"], int(m["m"]))][m["variant"]] = entry
+            elif m := CONV.match(b["name"]):
+                self.rows[("conv", int(m["h"]), m["profile"], int(m["m"]))][m["variant"]] = entry
+
+    def gpu(self):
+        return self.ctx.get("gpu", "unknown GPU")
+
+    def source(self):
+        return (f"{self.gpu()} ({self.ctx.get('sm_count', '?')} SMs, CUDA runtime {self.ctx.get('cuda_runtime', '?')}), "
+                f"`bench/results/{self.name}` ({self.ctx.get('date', '?')[:10]})")
+
+    def get(self, key, variant, field="ms"):
+        return self.rows.get(key, {}).get(variant, {}).get(field)
 
 
-def fmt_ms(x):
+def ms(x):
     return "" if x is None else (f"{x * 1e3:.1f} us" if x < 1 else f"{x:.3f} ms")
 
 
@@ -43,98 +67,73 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def fmt_ratio(x, suffix="x"):
+def rx(x, suffix="x"):
     return "" if x is None else f"{x:.2f}{suffix}"
 
 
-def table(context, rows):
-    out = []
-    gpu = context.get("gpu", "unknown GPU")
-    out.append(f"Measured on {gpu} ({context.get('sm_count', '?')} SMs), CUDA runtime "
-               f"{context.get('cuda_runtime', '?')}, {context.get('date', '')}. bf16, medians of 5 "
-               "repetitions, CUDA events, CUDA-graph replay, inputs rotated over 3 copies.")
-    out.append("")
-    out.append("| D x H | profile | M | active/token (mean, max) | tile-overflow rows | twblas | dense cuBLAS | gate GEMM | "
-               "cuSPARSE* | vs dense | / gate | vs cuSPARSE | CPU twblas | CPU dense |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    def order(kv):
-        d, h, prof, m = kv[0]
-        family, k = prof.rsplit("-", 1)
-        return (d, prof != "uniform-29", family != "uniform", family, float(k), m)
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
 
-    graph_and_cpu = ("twblas", "dense", "gate", "cusparse", "cpu_twblas", "cpu_dense")
-    for (d, h, prof, m), v in sorted(rows.items(), key=order):
-        if not any(k in v for k in graph_and_cpu):
-            continue  # points measured only eagerly (twblas_eager, dense_eager) or only in training
-        tw, de, ga, cs = (v.get(k, {}).get("ms") for k in ("twblas", "dense", "gate", "cusparse"))
-        cpu_tw, cpu_de = (v.get(k, {}).get("ms") for k in ("cpu_twblas", "cpu_dense"))
-        t = v.get("twblas", {})
+
+def load(results, name):
+    path = os.path.join(results, name)
+    return Run(path) if os.path.exists(path) else None
+
+
+# ---- serving: 1 to 512 tokens
+
+def serving_table(run, shape, profile):
+    keys = sorted(k for k in run.rows if k[:3] == (*shape, profile) and "twblas" in run.rows[k])
+    if not keys:
+        return None
+    body = []
+    for k in keys:
+        tw, de = run.get(k, "twblas"), run.get(k, "dense")
+        te, dee = run.get(k, "twblas_eager"), run.get(k, "dense_eager")
+        host = run.get(k, "twblas_eager", "host_us")
+        bw = run.get(k, "twblas", "need_bw")
+        t = run.rows[k]["twblas"]
         act = f"{t['mean_nnz']:.1f}, {int(t['max_nnz'])}" if "mean_nnz" in t else ""
-        over = str(int(t["overflow_rows"])) if "overflow_rows" in t else ""
-        out.append(f"| {d} x {h} | {prof} | {m} | {act} | {over} | {fmt_ms(tw)} | {fmt_ms(de)} | {fmt_ms(ga)} | "
-                   f"{fmt_ms(cs)} | {fmt_ratio(ratio(de, tw))} | {fmt_ratio(ratio(tw, ga), '')} | "
-                   f"{fmt_ratio(ratio(cs, tw))} | {fmt_ms(cpu_tw)} | {fmt_ms(cpu_de)} |")
-    be = break_even(rows)
-    if be:
-        out.append("")
-        out.append(f"Break-even (D = 2048, H = 5632, M = 16384, uniform-k): twblas is faster than the dense cuBLAS FFN "
-                   f"below about {be:.0f} active units per token ({100 * be / 5632:.1f} % of H), interpolated "
-                   "between the measured points; above it the path choice keeps it near the dense time.")
-    out.append("")
-    out.append("*cuSPARSE pipeline: cuBLAS gate+up GEMM, ReLU*product, cusparseDenseToSparse (CSR), "
-               "cusparseSpMM. cuSPARSE SDDMM has no bf16, so its up projection is dense; dense -> CSR "
-               "needs the nnz on the host (a synchronisation), so it is timed phase by phase, not in a graph.")
-    return "\n".join(out)
+        body.append([str(k[3]), act, ms(tw), ms(de), rx(ratio(de, tw)), ms(te), ms(dee), rx(ratio(dee, te)),
+                     "" if host is None else f"{host:.1f} us",
+                     "" if bw is None or not run.copy_bw else f"{100 * bw / run.copy_bw:.0f} %"])
+    return table(["M", "active/token (mean, max)", "twblas", "dense", "vs dense", "twblas eager", "dense eager",
+                  "eager vs dense", "host time / eager call", "bytes' rate / copy rate"], body)
 
 
-def train_table(context, rows):
-    """Forward + backward (train_twblas) against the dense nine-GEMM step (train_dense)."""
-    out = [f"Measured on {context.get('gpu', 'unknown GPU')} ({context.get('sm_count', '?')} SMs), CUDA runtime "
-           f"{context.get('cuda_runtime', '?')}, {context.get('date', '')}. bf16, l1Coeff 1e-3, medians of 5 "
-           "repetitions, CUDA-graph replay of one forward + backward; the gradients are checked against the "
-           "dense step before timing (relative errors below).", ""]
-    out.append("| D x H | profile | M | active/token | tile-overflow rows | twblas fwd+bwd | dense step | vs dense | "
-               "vs uniform-29 | saved / dense h | rel. err dX, dW[g;u], dWd |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
-    base = {}
-    for (d, h, prof, m), v in rows.items():
-        if prof == "uniform-29" and "train_twblas" in v:
-            base[(d, h, m)] = v["train_twblas"]["ms"]
-
-    def order(kv):
-        d, h, prof, m = kv[0]
-        family, k = prof.rsplit("-", 1)
-        return (d, m, family != "uniform", family, float(k))
-
-    for (d, h, prof, m), v in sorted(rows.items(), key=order):
-        t = v.get("train_twblas")
-        de = v.get("train_dense", {}).get("ms")
-        if not t:
-            continue
-        vs_uniform = ratio(t["ms"], base.get((d, h, m)))
-        errs = ", ".join(f"{t.get(k, float('nan')):.1e}" for k in ("rel_err_dx", "rel_err_dwgu", "rel_err_dwd"))
-        out.append(f"| {d} x {h} | {prof} | {m} | {t.get('mean_nnz', 0):.1f} | {int(t.get('overflow_rows', 0))} | "
-                   f"{fmt_ms(t['ms'])} | {fmt_ms(de)} | {fmt_ratio(ratio(de, t['ms']))} | "
-                   f"{'' if prof == 'uniform-29' else fmt_ratio(vs_uniform)} | {t.get('saved_over_dense_h', 0):.3f} | {errs} |")
-    out.append("")
-    out.append("Dense step: cuBLASLt [g | u] = X [Wg; Wu]^T, h = relu(g) u, Y = h Wd; dH = dY Wd^T, the element-wise "
-               "backward (L1 term included), dX = [dG | dU] [Wg; Wu], [dWg; dWu] = [dG | dU]^T X, dWd = H^T dY: nine "
-               "GEMMs' worth of flops. It keeps [g | u] and h (3 M x H values) for its backward.")
-    return "\n".join(out)
+def serving_section(results):
+    out = ["## 1. Serving and decode: 1 to 512 tokens", "",
+           "Baseline: " + DENSE_FFN + ". The eager columns call both without a graph, N calls back to back "
+           "on one stream (time per call with the launch gaps; host time per call beside). \"Bytes' rate / "
+           "copy rate\": the bytes a call must read (Wg, the rows of the units active for some token, X, Y) "
+           "per second of the graph-replayed call, against the device-to-device copy rate of the same run. "
+           "uniform-29: about 29 active units a token (35 at one token); llm-29: the first M tokens of a "
+           "sequence, whose first tokens have ~600 active units, so the FFN runs in dense mode (cuBLAS "
+           "projections) from a few tokens on."]
+    for name, shape, profile in (("h100-serving.json", PAPER, "uniform-29"), ("h100-serving-llama.json", LLAMA, "uniform-29"),
+                                 ("h100-serving-llm29.json", PAPER, "llm-29"), ("h200-serving.json", PAPER, "uniform-29"),
+                                 ("h200-serving-llama.json", LLAMA, "uniform-29"),
+                                 ("h200-serving-llm29.json", PAPER, "llm-29")):
+        run = load(results, name)
+        t = run and serving_table(run, shape, profile)
+        if t:
+            out += ["", f"### {run.gpu()}, {SHAPE_NAME[shape]}, {profile}", "", f"From {run.source()}.", "", t]
+    return out
 
 
-def uniform_points(rows):
-    pts = []
-    for (d, h, prof, m), v in rows.items():
-        if (d, h, m) == (2048, 5632, 16384) and prof.startswith("uniform") and "twblas" in v and "dense" in v:
-            pts.append((v["twblas"].get("mean_nnz", 0.0), v["dense"]["ms"] / v["twblas"]["ms"]))
-    return sorted(pts)
+# ---- prefill-size FFN: 4096 tokens and more, sparsity profiles
+
+def uniform_points(run):
+    return sorted((v["twblas"].get("mean_nnz", 0.0), v["dense"]["ms"] / v["twblas"]["ms"])
+                  for k, v in run.rows.items() if k[:2] == PAPER and k[3] == 16384 and k[2].startswith("uniform")
+                  and "twblas" in v and "dense" in v)
 
 
-def break_even(rows):
+def break_even(run):
     """Active units where the uniform-k speedup crosses 1 (log-linear interpolation)."""
-    import math
-    pts = uniform_points(rows)
+    pts = uniform_points(run)
     for (k0, s0), (k1, s1) in zip(pts, pts[1:]):
         if s0 >= 1.0 > s1:
             f = (s0 - 1.0) / (s0 - s1)
@@ -142,62 +141,283 @@ def break_even(rows):
     return None
 
 
-def plot(rows, path):
+def batch_section(results):
+    run = load(results, "h100-full.json")
+    if not run:
+        return []
+
+    def order(k):
+        family, kk = k[2].rsplit("-", 1)
+        return (k[0], k[2] != "uniform-29", family != "uniform", family, float(kk), k[3])
+
+    body = []
+    for k in sorted((k for k in run.rows if k[0] != "conv" and k[3] >= 4096 and "twblas" in run.rows[k]), key=order):
+        tw, de, ga, cs = (run.get(k, v) for v in ("twblas", "dense", "gate", "cusparse"))
+        t = run.rows[k]["twblas"]
+        body.append([f"{k[0]} x {k[1]}", k[2], str(k[3]), f"{t.get('mean_nnz', 0):.1f}", str(int(t.get("overflow_rows", 0))),
+                     ms(tw), ms(de), ms(ga), ms(cs), rx(ratio(de, tw)), rx(ratio(tw, ga), ""), rx(ratio(cs, tw))])
+    out = ["## 2. Prefill-size FFN: 4096 tokens and more", "", f"### {run.gpu()}, both shapes, sparsity profiles", "",
+           f"From {run.source()}. Baseline: " + DENSE_FFN + "; \"/ gate\" is twblas's time over the gate GEMM "
+           "alone (X Wg^T, the floor no sparse method skips); the cuSPARSE pipeline is cuBLAS's gate+up GEMM, "
+           "ReLU * product, cusparseDenseToSparse (CSR) and cusparseSpMM (cuSPARSE's SDDMM has no bf16, so its "
+           "up projection is dense; its dense -> CSR needs the count on the host, so it is timed phase by phase, "
+           "not in a graph). Profiles: uniform-k, k active units a token on average; heavy-29, 1 % of the rows "
+           "with hundreds of units (the dense path's rows); llm-29, activations shaped like a trained model's.",
+           "", table(["D x H", "profile", "M", "active/token", "dense-path rows", "twblas", "dense", "gate GEMM",
+                      "cuSPARSE", "vs dense", "/ gate", "vs cuSPARSE"], body)]
+    be = break_even(run)
+    if be:
+        out += ["", f"Break-even at 16384 tokens (uniform-k): twblas is faster than the dense FFN below about {be:.0f} "
+                f"active units a token ({100 * be / PAPER[1]:.1f} % of H), interpolated between the measured points; "
+                "above it dense mode keeps it at the dense time. The FP8 suite (section 5) re-times DEFAULT at "
+                "these sizes with a newer library."]
+    out += ["", "![speedup against sparsity](speedup-vs-sparsity.png)", "",
+            "![speedup against tokens per call](speedup-vs-tokens.png)"]
+    return out
+
+
+# ---- training
+
+def train_section(results):
+    run = load(results, "h100-train.json")
+    out = []
+    if run:
+        body = []
+        base = {k[3]: v["train_twblas"]["ms"] for k, v in run.rows.items() if k[2] == "uniform-29" and "train_twblas" in v}
+        for k in sorted(run.rows, key=lambda k: (k[3], k[2] != "uniform-29", k[2])):
+            v = run.rows[k]
+            variant = "train_twblas" if "train_twblas" in v else "train_twblas_save_dense"
+            t, de = v.get(variant), run.get(k, "train_dense")
+            if not t:
+                continue
+            errs = ", ".join(f"{t.get(e, float('nan')):.1e}" for e in ("rel_err_dx", "rel_err_dwgu", "rel_err_dwd"))
+            body.append([k[2], str(k[3]), f"{t.get('mean_nnz', 0):.1f}",
+                         "SAVE_DENSE" if variant.endswith("save_dense") else "", ms(t["ms"]), ms(de),
+                         rx(ratio(de, t["ms"])), f"{t.get('saved_over_dense_h', 0):.3f}", errs])
+        out += ["## 3. Training: forward + backward", "", f"### {run.gpu()}, the paper's shape, 16384 tokens", "",
+                f"From {run.source()}; {SHAPE_NAME[PAPER]}, bf16, l1Coeff 1e-3, one forward + backward replayed "
+                "from a CUDA graph. Baseline: the dense step in the same run, cuBLASLt [g | u] = X [Wg; Wu]^T, "
+                "h = ReLU(g) u, Y = h Wd; dH = dY Wd^T, the element-wise backward (L1 term included), dX, "
+                "[dWg; dWu] and dWd: nine GEMMs' worth of flops, keeping [g | u] and h (3 M x H values). The "
+                "gradients are checked against it before timing (relative errors in the last column). At 100 "
+                "and 911 active units the FFN is in dense mode; those rows use TW_FFN_ATTR_SAVE_DENSE.", "",
+                table(["profile", "M", "active/token", "mode", "twblas step", "dense step", "vs dense",
+                       "saved state / dense h", "rel. err dX, dW[g;u], dWd"], body)]
+    run = load(results, "h100-train-eager.json")
+    if run:
+        body = []
+        for k, v in sorted(run.rows.items()):
+            body.append([f"{k[0]} x {k[1]}", k[2], str(k[3]), ms(run.get(k, "train_twblas")), ms(run.get(k, "train_dense")),
+                         rx(ratio(run.get(k, "train_dense"), run.get(k, "train_twblas"))),
+                         ms(run.get(k, "train_twblas_eager")), ms(run.get(k, "train_dense_eager")),
+                         f"{run.get(k, 'train_twblas_eager', 'host_us') or 0:.0f} / "
+                         f"{run.get(k, 'train_dense_eager', 'host_us') or 0:.0f} us"])
+        out += ["", f"### {run.gpu()}, a small layer with hot units", "",
+                f"From {run.source()}: the PyTorch example's layer (D 512, H 2048), about 6 active units a token "
+                "plus 8 units active on every token, against the same dense step; graph-replayed and eager "
+                "(host time per step: twblas / dense).", "",
+                table(["D x H", "profile", "M", "twblas", "dense", "vs dense", "twblas eager", "dense eager",
+                       "host time"], body)]
+    if out:
+        out += ["", "![training step against dense](training-vs-dense.png)"]
+    return out
+
+
+# ---- conversions
+
+CONV_PAIRS = (  # label, twblas variant, baseline variant, baseline label
+    ("dense -> TwELL (analysis + convert)", "twblas_dense_to_twell", "cusparse_dense_to_csr", "cuSPARSE dense -> CSR"),
+    ("dense -> TwELL (convert alone)", "twblas_dense_to_twell_convert", "cusparse_dense_to_csr", "cuSPARSE dense -> CSR"),
+    ("TwELL -> dense", "twblas_twell_to_dense", "cusparse_csr_to_dense", "cuSPARSE CSR -> dense"),
+    ("TwELL -> dense, 8 queued", "twblas_twell_to_dense_queued", "cusparse_csr_to_dense_queued", "cuSPARSE CSR -> dense, 8 queued"),
+    ("dense -> hybrid", "twblas_dense_to_hybrid", "cusparse_dense_to_csr", "cuSPARSE dense -> CSR"),
+    ("hybrid transpose", "twblas_hybrid_transpose", None, ""),
+    ("validate (TwELL)", "twblas_twell_validate", None, ""),
+    ("info (TwELL)", "twblas_twell_info", None, ""),
+    ("twGemmToSparse (gate GEMM into TwELL, ReLU)", "twblas_gemm_to_twell", "cublas_gate_gemm", "cuBLASLt gate GEMM, dense output"),
+)
+
+
+def conv_table(run, skip=()):
+    """One row per operation and profile; a column per size: twblas's time (baseline / twblas)."""
+    sizes = sorted({k[3] for k in run.rows if k[0] == "conv"})
+    body = []
+    for label, tw, base, base_label in CONV_PAIRS:
+        if tw in skip:
+            continue
+        for prof in sorted({k[2] for k in run.rows if k[0] == "conv" and tw in run.rows[k]}, key=lambda p: (p != "uniform-29", p)):
+            cells = []
+            for m in sizes:
+                k = ("conv", PAPER[1], prof, m)
+                t, b = run.get(k, tw), run.get(k, base) if base else None
+                cells.append(ms(t) + (f" ({rx(ratio(b, t))})" if b is not None and t is not None else ""))
+            body.append([label, base_label or "none", prof] + cells)
+    return table(["operation", "baseline", "profile"] + [f"{m} rows" for m in sizes], body)
+
+
+def conv_section(results):
+    out = []
+    run = load(results, "h100-conversions.json")
+    newer = load(results, "h100-conversions-gemm-to-sparse.json")
+    if run:
+        out += ["## 4. Conversions", "", f"### {run.gpu()}, every conversion", "",
+                f"From {run.source()}. The matrix is the FFN's hidden activation h = ReLU(X Wg^T) at H = 5632 "
+                "(bf16, row-major, M rows). Every entry, cuSPARSE's too, is timed as a user makes the calls: host "
+                "wall time from before the first call to after the stream synchronisation (twblas's setup calls "
+                "may synchronise, so nothing is graph-captured); \"8 queued\" is eight calls per synchronisation. "
+                "Baselines: cuSPARSE's dense <-> CSR (int32 indices, bf16 values) on the same matrix, and for "
+                "twGemmToSparse cuBLASLt's gate GEMM into a dense output. Each cell: twblas's time (the baseline's "
+                "time over twblas's: above 1, twblas is faster). The copy rate of this run: "
+                f"{(run.copy_bw or 0) / 1e12:.2f} TB/s.", "",
+                conv_table(run, skip=("twblas_gemm_to_twell",) if newer else ())]
+    if newer:
+        out += ["", f"### {newer.gpu()}, twGemmToSparse (a newer run)", "", f"From {newer.source()}.", "",
+                conv_table(newer)]
+    h200 = load(results, "h200-conversions-to-dense.json")
+    if h200:
+        out += ["", f"### {h200.gpu()}: TwELL -> dense", "", f"From {h200.source()}.", "", conv_table(h200)]
+    return out
+
+
+# ---- FP8 weights
+
+def fp8_section(results):
+    run = load(results, "h100-fp8.json")
+    if not run:
+        return []
+    body = []
+    for k in sorted((k for k in run.rows if "twblas_fp8" in run.rows[k]), key=lambda k: (k[2] != "uniform-29", k[2], k[3])):
+        tw, fp, de, ga = (run.get(k, v) for v in ("twblas", "twblas_fp8", "dense", "gate"))
+        err = run.get(k, "twblas_fp8", "rel_err_vs_dense")
+        body.append([k[2], str(k[3]), ms(tw), ms(fp), ms(de), ms(ga), rx(ratio(de, tw)), rx(ratio(de, fp)),
+                     rx(ratio(fp, ga), ""), "" if err is None else f"{err:.3f}"])
+    return ["## 5. FP8 weights (TW_COMPUTE_FP8_WEIGHTS)", "", f"### {run.gpu()}, the paper's shape", "",
+            f"From {run.source()}; {SHAPE_NAME[PAPER]}. The opt-in reads the active units' up and down rows as FP8 "
+            "E4M3 with a scale per row (docs/api-guide.md, section 4); the gate stays bf16. Baseline: " + DENSE_FFN +
+            ", and the gate GEMM alone. The last column is the FP8 result's normwise distance from the dense "
+            "bf16 FFN.", "",
+            table(["profile", "M", "DEFAULT", "FP8", "dense", "gate GEMM", "DEFAULT vs dense", "FP8 vs dense",
+                   "FP8 / gate", "FP8 rel. err"], body)]
+
+
+# ---- plots
+
+def plots(results, docs):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    pts = []
-    for (d, h, prof, m), v in rows.items():
-        if (d, h, m) != (2048, 5632, 16384) or "twblas" not in v or "dense" not in v:
+
+    def foot(fig, text):
+        fig.text(0.01, 0.01, text, fontsize=6, color="gray")
+
+    full = load(results, "h100-full.json")
+    if full:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        pts = sorted((v["twblas"].get("mean_nnz", 0.0), v["dense"]["ms"] / v["twblas"]["ms"],
+                      v["dense"]["ms"] / v["cusparse"]["ms"] if "cusparse" in v else None, k[2])
+                     for k, v in full.rows.items() if k[:2] == PAPER and k[3] == 16384 and "twblas" in v and "dense" in v)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="twblas / dense cuBLAS FFN")
+        cs = [p for p in pts if p[2] is not None]
+        ax.plot([p[0] for p in cs], [p[2] for p in cs], "s", label="cuSPARSE pipeline / dense cuBLAS FFN")
+        for p in pts:
+            ax.annotate(p[3], (p[0], p[1]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set(xscale="log", xlabel="active units per token (mean, of H = 5632)", ylabel="speedup over dense (x)",
+               title="D 2048, H 5632, M 16384, bf16, graph replay")
+        ax.legend(fontsize=8)
+        foot(fig, f"{full.gpu()}, bench/results/{full.name}")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        fig.savefig(os.path.join(docs, "speedup-vs-sparsity.png"), dpi=100)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    notes = []
+    for name, shape, style, label in (("h100-serving.json", PAPER, "o-", "paper's shape"),
+                                      ("h100-serving-llama.json", LLAMA, "^-", "Llama-3-8B's shape")):
+        run = load(results, name)
+        if not run:
             continue
-        t = v["twblas"]
-        pts.append((t.get("mean_nnz", 0.0), v["dense"]["ms"] / t["ms"], prof))
-    if not pts:
-        return False
-    pts.sort()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    uni = [p for p in pts if p[2].startswith("uniform")]
-    ax.plot([p[0] for p in uni], [p[1] for p in uni], "o-", label="uniform-k")
-    for p in pts:
-        if not p[2].startswith("uniform"):
-            ax.plot(p[0], p[1], "s", label=p[2])
-    ax.axhline(1.0, color="gray", ls="--", label="dense cuBLAS FFN")
-    be = break_even(rows)
-    if be:
-        ax.axvline(be, color="red", ls=":", label=f"break-even ~{be:.0f} active units")
-    ax.set_xscale("log")
-    ax.set_xlabel("measured active units per token (of H = 5632)")
-    ax.set_ylabel("speedup over dense cuBLAS FFN")
-    ax.set_title("twblas fused gated FFN, D = 2048, H = 5632, M = 16384, bf16")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+        keys = sorted(k for k in run.rows if k[:3] == (*shape, "uniform-29") and "twblas" in run.rows[k] and "dense" in run.rows[k])
+        ax.plot([k[3] for k in keys], [ratio(run.get(k, "dense"), run.get(k, "twblas")) for k in keys], style,
+                label=f"graph, {label}")
+        eager = [k for k in keys if "twblas_eager" in run.rows[k] and "dense_eager" in run.rows[k]]
+        ax.plot([k[3] for k in eager], [ratio(run.get(k, "dense_eager"), run.get(k, "twblas_eager")) for k in eager],
+                style[0] + ":", alpha=0.7, label=f"eager, {label}")
+        notes.append(name)
+    if full:
+        keys = sorted(k for k in full.rows if k[:3] == (*PAPER, "uniform-29") and k[3] > 512 and "twblas" in full.rows[k])
+        ax.plot([k[3] for k in keys], [ratio(full.get(k, "dense"), full.get(k, "twblas")) for k in keys], "D-",
+                label="graph, paper's shape, batch sizes")
+        notes.append(full.name)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="tokens per call (M)", ylabel="speedup over the dense cuBLAS FFN (x)",
+           title="uniform-29, bf16, one H100")
+    ax.legend(fontsize=7)
+    foot(fig, "bench/results/: " + ", ".join(notes))
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(os.path.join(docs, "speedup-vs-tokens.png"), dpi=100)
+    plt.close(fig)
+
+    train = load(results, "h100-train.json")
+    if train:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        pts = []
+        for k, v in train.rows.items():
+            variant = "train_twblas" if "train_twblas" in v else "train_twblas_save_dense"
+            if variant in v and "train_dense" in v:
+                pts.append((v[variant].get("mean_nnz", float(k[2].rsplit("-", 1)[1])),
+                            v["train_dense"]["ms"] / v[variant]["ms"], k[2]))
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o")
+        for p in pts:
+            ax.annotate(p[2], (p[0], p[1]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set(xscale="log", xlabel="active units per token (mean, of H = 5632)", ylabel="dense step / twblas step (x)",
+               title="training step (forward + backward), D 2048, H 5632, M 16384, bf16")
+        foot(fig, f"{train.gpu()}, bench/results/{train.name}")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        fig.savefig(os.path.join(docs, "training-vs-dense.png"), dpi=100)
+        plt.close(fig)
+
+
+RENDERED = {"h100-serving.json", "h100-serving-llama.json", "h100-serving-llm29.json", "h200-serving.json",
+            "h200-serving-llama.json", "h200-serving-llm29.json", "h100-full.json", "h100-train.json",
+            "h100-train-eager.json", "h100-conversions.json", "h100-conversions-gemm-to-sparse.json",
+            "h200-conversions-to-dense.json", "h100-fp8.json"}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("json")
-    ap.add_argument("--md", help="write the table into this markdown file (else stdout)")
-    ap.add_argument("--plot", help="write the speedup-vs-sparsity plot (PNG, needs matplotlib)")
-    ap.add_argument("--train", help="a training-suite JSON: adds the forward + backward table")
-    args = ap.parse_args()
-    context, rows = load(args.json)
-    text = table(context, rows)
-    if args.md and args.plot:
-        text += f"\n\n![speedup versus sparsity]({args.plot.split('/')[-1]})"
-    if args.train:
-        tcontext, trows = load(args.train)
-        text += "\n\n## Training: forward + backward\n\nFrom `" + args.train + "`.\n\n" + train_table(tcontext, trows)
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write("# twblas benchmark results\n\nGenerated by `scripts/bench-report.py " + args.json + "`.\n\n")
-            f.write(text + "\n")
-    else:
-        print(text)
-    if args.plot and not plot(rows, args.plot):
-        print("no M = 16384 points for the plot", file=sys.stderr)
+    ap.add_argument("--results", default="bench/results")
+    ap.add_argument("--docs", default="docs")
+    ap.add_argument("--no-plots", action="store_true")
+    a = ap.parse_args()
+    others = sorted(f for f in os.listdir(a.results) if f.endswith(".json") and f not in RENDERED)
+    if others:
+        print("not rendered here: " + ", ".join(others), file=sys.stderr)
+    text = ["# twblas benchmark results", "",
+            "Generated by `python3 scripts/bench-report.py` from the JSON in `bench/results` (its README says "
+            "which command makes each file); do not edit by hand. bf16 throughout; medians of 5 repetitions, "
+            "CUDA events; unless a section says otherwise, calls replayed from a CUDA graph, with X and the "
+            "weights rotated over three copies so that repeated calls do not sit in L2. Every twblas point "
+            "was checked against the dense FFN of the same data before it was timed. Ratios compare timings "
+            "within one file (one run on one card); between runs the same card varies by a few per cent. "
+            "Why the numbers are what they are, and what was tried and rejected: "
+            "[performance-notes.md](performance-notes.md).", "",
+            "Sections: 1. serving and decode (1-512 tokens); 2. prefill-size FFN (4096 tokens and more, "
+            "sparsity profiles, cuSPARSE); 3. training; 4. conversions; 5. FP8 weights."]
+    for section in (serving_section, batch_section, train_section, conv_section, fp8_section):
+        lines = section(a.results)
+        if lines:
+            text += [""] + lines
+    with open(os.path.join(a.docs, "benchmarks.md"), "w") as f:
+        f.write("\n".join(text) + "\n")
+    if not a.no_plots:
+        try:
+            plots(a.results, a.docs)
+        except ImportError:
+            print("matplotlib missing: plots left as they are", file=sys.stderr)
 
 
 if __name__ == "__main__":
