@@ -85,7 +85,9 @@ bool is_pointer_attribute(twFfnAttribute_t attr) {
 /// An attribute's value size: a pointer for the pointer attributes, int32 for the rest (an
 /// unknown attribute is reported by the caller's switch).
 void require_attribute_size(twFfnAttribute_t attr, size_t size) {
-    if (is_pointer_attribute(attr)) {
+    if (attr == TW_FFN_ATTR_WEIGHT_COPY_BYTES) {
+        if (size != sizeof(int64_t)) fail(TW_STATUS_INVALID_VALUE, "size: %zu, expected sizeof(int64_t) = 8", size);
+    } else if (is_pointer_attribute(attr)) {
         if (size != sizeof(void *)) fail(TW_STATUS_INVALID_VALUE, "size: %zu, expected sizeof(void *) = %zu", size, sizeof(void *));
     } else if (size != sizeof(int32_t)) {
         fail(TW_STATUS_INVALID_VALUE, "size: %zu, expected sizeof(int32_t) = 4", size);
@@ -189,6 +191,8 @@ twStatus_t twFfnGetSize(twFfnDescr_t ffn, int64_t *modelDim, int64_t *hiddenDim)
 twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, const void *value, size_t size) {
     return guarded(nullptr, [&] {
         twFfnDescr &f = get_ffn(ffn, "ffn");
+        if (attr == TW_FFN_ATTR_WEIGHT_COPY_BYTES)
+            fail(TW_STATUS_INVALID_VALUE, "attr: TW_FFN_ATTR_WEIGHT_COPY_BYTES is read-only (twFfnGetAttribute)");
         require_ptr(value, "value");
         require_attribute_size(attr, size);
         if (is_pointer_attribute(attr)) {
@@ -244,6 +248,11 @@ twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, void *valu
         if (is_pointer_attribute(attr)) {
             const void *p = attr == TW_FFN_ATTR_L1_OUTPUT ? static_cast<const void *>(f.l1_output) : f.l1_coeff_pointer;
             std::memcpy(value, &p, sizeof p);
+            return TW_STATUS_SUCCESS;
+        }
+        if (attr == TW_FFN_ATTR_WEIGHT_COPY_BYTES) {
+            const int64_t bytes = f.state ? f.state->weight_copy_bytes() : 0;
+            std::memcpy(value, &bytes, sizeof bytes);
             return TW_STATUS_SUCCESS;
         }
         int32_t v = 0;

@@ -79,6 +79,7 @@ module twblas
     integer(c_int), parameter, public :: TW_FFN_ATTR_L1_OUTPUT = 5
     integer(c_int), parameter, public :: TW_FFN_ATTR_L1_COEFF_POINTER = 6
     integer(c_int), parameter, public :: TW_FFN_ATTR_CALL_GRAPHS = 7
+    integer(c_int), parameter, public :: TW_FFN_ATTR_WEIGHT_COPY_BYTES = 8  !< int64, read-only
 
     ! ---- twComputeMode_t ----------------------------------------------------------------------
     integer(c_int), parameter, public :: TW_COMPUTE_DEFAULT = 0

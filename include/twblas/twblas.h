@@ -264,7 +264,7 @@ TWBLAS_API twStatus_t twSparseTranspose(twHandle_t h, twSpMatDescr_t in, twSpMat
 /** @name Fused sparse feed-forward */
 /**@{*/
 
-/** A feed-forward layer: weights, their packed copy and its attributes. */
+/** A feed-forward layer: where its weights are, their attributes and statistics. */
 typedef struct twFfnDescr *twFfnDescr_t;
 /** Gated: Y = (ReLU(X Wg^T) * (X Wu^T)) Wd; plain: Y = ReLU(X Wu^T) Wd. */
 typedef enum {
@@ -273,21 +273,45 @@ typedef enum {
 } twFfnKind_t;
 
 /** Setup: validates the weights (each logical H x D; Wd TW_ORDER_COL is nn.Linear's
- *  down_proj.weight) and copies them into the backend's layout (allocates, blocks). The
- *  descriptor keeps the copy: after changing the weights call twFfnUpdateWeights. */
+ *  down_proj.weight) and records where they are (may allocate and block).
+ *
+ *  Like a cuSPARSE descriptor, the FFN refers to the caller's memory: on the CUDA backend the
+ *  kernels read a weight matrix in place, with no copy, when it is in their own layout:
+ *  TW_ORDER_ROW (row j holds unit j's D values: nn.Linear's gate_proj.weight and up_proj.weight;
+ *  for Wd, down_proj.weight viewed transposed, i.e. an H x D row-major storage), D a multiple
+ *  of 8, the base address 16-byte aligned and ld * element size a multiple of 16 bytes. Any
+ *  other matrix (Wd TW_ORDER_COL as nn.Linear stores it, an odd D, a misaligned base or ld) is
+ *  copied into the FFN's own memory instead, H x roundup(D, 8) elements of the value type per
+ *  copied matrix; the results are the same either way. TW_FFN_ATTR_WEIGHT_COPY_BYTES tells how
+ *  many bytes of copies an FFN holds (0 when every weight is read in place). The CPU backend
+ *  keeps an fp32 copy of every weight (it is the reference), 4 x H x D bytes per matrix.
+ *
+ *  Weights read in place must stay allocated, unmoved, for the FFN's lifetime (until
+ *  twDestroyFfn, or until twFfnUpdateWeights points it elsewhere), and compute calls read their
+ *  values as they are when the kernels run: a training loop that updates the weights in place
+ *  needs no twFfnUpdateWeights. Outputs of compute calls (Y, dX, the weight gradients) must not
+ *  overlap them (INVALID_VALUE). Copied weights keep the values they had at this call (or at
+ *  the last twFfnUpdateWeights). */
 TWBLAS_API twStatus_t twCreateFfn(twHandle_t h, twFfnDescr_t *ffn, twFfnKind_t kind,
                                   twDnMatDescr_t wGate /* NULL for TW_FFN_RELU */,
                                   twDnMatDescr_t wUp, twDnMatDescr_t wDown);
-/** Re-reads the weights from the descriptors given to twCreateFfn, which must describe the
- *  same shapes and types. For training loops that update the weights. Does not allocate and,
- *  on the CUDA backend, does not block: the copy runs on the handle's stream, so calls on that
- *  stream after it use the new weights (it may be captured in a CUDA graph); work on other
- *  streams must be ordered after it (an event), and the weights must keep their values until
- *  it has run. Not while compute calls on this FFN run (the thread rules above). */
+/** Points the FFN at new weight descriptors of the same shapes and types (or the same ones
+ *  again, after their values changed): weights in the kernels' layout (twCreateFfn) are then
+ *  read in place from the new memory, and the others are copied again. Weights read in place
+ *  need this call only when their memory moves; copied ones whenever their values change. The
+ *  FP8 copy of TW_COMPUTE_FP8_WEIGHTS is made again by the next forward in that mode either way.
+ *  On the CUDA backend a copy runs on the handle's stream without blocking, so calls on that
+ *  stream after it use the new weights (it may be captured in a CUDA graph, except when the
+ *  new weights need copies of a different layout than before, which allocates and blocks:
+ *  NOT_SUPPORTED during a capture); work on other streams must be ordered after it (an event),
+ *  and copied weights must keep their values until it has run. Re-pointing in place is host
+ *  state only: the FFN's own captured calls follow it, a caller's CUDA graph captured before it
+ *  keeps the old addresses. Not while compute calls on this FFN run (the thread rules above). */
 TWBLAS_API twStatus_t twFfnUpdateWeights(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t wGate,
                                          twDnMatDescr_t wUp, twDnMatDescr_t wDown);
-/** Destroys an FFN descriptor and its weight copy; NULL is a no-op. A destroyed descriptor
- *  gives NOT_INITIALIZED (see "stale objects" at the top of this file). */
+/** Destroys an FFN descriptor and the weight copies it holds (the caller's weights are left as
+ *  they are; free them after this call); NULL is a no-op. A destroyed descriptor gives
+ *  NOT_INITIALIZED (see "stale objects" at the top of this file). */
 TWBLAS_API twStatus_t twDestroyFfn(twFfnDescr_t ffn);
 /** Model dimension D and hidden dimension H of an FFN. Either output may be NULL. */
 TWBLAS_API twStatus_t twFfnGetSize(twFfnDescr_t ffn, int64_t *modelDim, int64_t *hiddenDim);
@@ -304,10 +328,15 @@ typedef enum {
                                         where every forward also writes its l1 (below) */
     TW_FFN_ATTR_L1_COEFF_POINTER = 6, /**< const float *, backend memory, 4-byte aligned, default
                                         NULL: where the backward reads l1Coeff (below) */
-    TW_FFN_ATTR_CALL_GRAPHS = 7    /**< int32 0/1, default 1: twSpGEMMFused on CUDA captures the
+    TW_FFN_ATTR_CALL_GRAPHS = 7,   /**< int32 0/1, default 1: twSpGEMMFused on CUDA captures the
                                         kernels of an argument set seen twice into a CUDA graph
                                         and replays it (one graph launch of host time a call);
                                         0: every call launches its kernels (below) */
+    TW_FFN_ATTR_WEIGHT_COPY_BYTES = 8 /**< int64, read-only (twFfnGetAttribute; set:
+                                        INVALID_VALUE): bytes of weight copies the FFN holds in
+                                        the backend's memory: 0 when every weight is read in
+                                        place (twCreateFfn); the TW_COMPUTE_FP8_WEIGHTS copy
+                                        counts from when that mode is set */
 } twFfnAttribute_t;
 /** The two pointer attributes let a training loop run without reading anything back per layer
  *  (a framework's l1 output and the l1 gradient it receives both live on the device):
@@ -340,9 +369,12 @@ typedef enum {
  *  DEFAULT's (docs/api-guide.md gives the measured figures). 16-bit FFNs only (an fp32 FFN:
  *  NOT_SUPPORTED from twFfnSetAttribute); twSpGEMMFused only (the training calls:
  *  NOT_SUPPORTED); both backends (CUDA takes the FP8 copy's memory when the mode is set:
- *  TW_STATUS_ALLOC_FAILED leaves it unchanged). Never on by default. */
+ *  TW_STATUS_ALLOC_FAILED leaves it unchanged). The FP8 copy is the FFN's own, also when the
+ *  16-bit weights are read in place: on CUDA H x (roundup(D, 16) x 2 + 8) bytes gated, H x
+ *  (roundup(D, 16) + 8) plain (TW_FFN_ATTR_WEIGHT_COPY_BYTES counts it), kept until the FFN is
+ *  destroyed. Never on by default. */
 /** Sets an attribute; size must be sizeof(int32_t), or sizeof(void *) for the pointer
- *  attributes (value points to the pointer). */
+ *  attributes (value points to the pointer). TW_FFN_ATTR_WEIGHT_COPY_BYTES is read-only. */
 TWBLAS_API twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr,
                                         const void *value, size_t size);
 /** Reads an attribute; size as for twFfnSetAttribute. */

@@ -475,7 +475,16 @@ class Ffn {
               handle_);
         return value;
     }
-    /** Re-reads the weights after they changed (twFfnUpdateWeights; same shapes and types). */
+    /** Bytes of weight copies the FFN holds in the backend's memory
+     *  (TW_FFN_ATTR_WEIGHT_COPY_BYTES; 0 when every weight is read in place). */
+    std::int64_t weight_copy_bytes() const {
+        std::int64_t value = 0;
+        check(twFfnGetAttribute(get(), TW_FFN_ATTR_WEIGHT_COPY_BYTES, &value, sizeof value),
+              "twFfnGetAttribute", handle_);
+        return value;
+    }
+    /** Points the FFN at new weights, or re-copies those it holds copies of
+     *  (twFfnUpdateWeights; same shapes and types). */
     void update_weights(const DenseMatrix *wGate, const DenseMatrix &wUp,
                         const DenseMatrix &wDown) {
         check(twFfnUpdateWeights(handle_, get(), wGate ? wGate->get() : nullptr, wUp.get(),

@@ -137,14 +137,14 @@ class CudaBackend final : public Backend {
     std::unique_ptr<FfnState> ffn_create(const twFfnDescr &ffn, const twDnMatDescr *wg, const twDnMatDescr &wu,
                                          const twDnMatDescr &wd) override {
         std::unique_ptr<cuda::CudaFfnState> st = cuda::make_ffn_state(ffn, device_, stream());
-        cuda::ffn_repack_weights(stream(), *st, cuda::problem_of(ffn, 0), wg, wu, wd, /*wait=*/true);
+        cuda::ffn_place_weights(stream(), *st, cuda::problem_of(ffn, 0), wg, wu, wd, /*wait=*/true);
         return st;
     }
     void ffn_update_weights(twFfnDescr &ffn, const twDnMatDescr *wg, const twDnMatDescr &wu,
                             const twDnMatDescr &wd) override {
         // stream-ordered: a training loop refreshes every layer each step, and a wait per layer
         // drained the GPU's queue each time
-        cuda::ffn_repack_weights(stream(), cuda::state_of(ffn), cuda::problem_of(ffn, 0), wg, wu, wd, /*wait=*/false);
+        cuda::ffn_place_weights(stream(), cuda::state_of(ffn), cuda::problem_of(ffn, 0), wg, wu, wd, /*wait=*/false);
     }
     bool ffn_fp8_weights() const override { return true; }
     size_t ffn_forward_workspace(const twFfnDescr &ffn, int64_t tokens) override {

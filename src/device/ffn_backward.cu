@@ -14,6 +14,7 @@
 // the token phase, joined before the units.
 // Nothing uses atomics on values: the results are bitwise reproducible.
 #include "ffn_backward.hpp"
+#include "ffn_forward.hpp"
 
 #include <cub/device/device_radix_sort.cuh>
 
@@ -44,10 +45,9 @@ template <class T>
 void recompute_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const SavedView &sv,
                     const BackwardArgs &b, const TrainScratch &s, int64_t first, int sm_count) {
     const bool f32 = p.gate_f32(), tc = !f32;
-    const int64_t ps = w.pair_stride;
     const T *wg = static_cast<const T *>(w.gate);  // Wg (gated) or Wu (plain), gate_ld apart
-    const T *pair = static_cast<const T *>(w.pair);
-    const T *wd = pair + (p.gated ? p.dp : 0);
+    const T *wu = static_cast<const T *>(w.up);    // Wu (gated), up_ld apart
+    const T *wd = static_cast<const T *>(w.down);  // Wd, down_ld apart
     GatheredGemm base{};
     base.dev_count = sv.dense_count;
     base.m_dev = true;
@@ -67,19 +67,19 @@ void recompute_rows(cudaStream_t stream, const FfnProblem &p, const FfnWeights &
     launch_gathered_gemm(stream, z, p.type, tc, sm_count);
     if (p.gated) {
         GatheredGemm u = z;
-        u.b = u.b2 = pair, u.b_cj = ps, u.c = s.ru;
+        u.b = u.b2 = wu, u.b_cj = w.up_ld, u.c = s.ru;
         launch_gathered_gemm(stream, u, p.type, tc, sm_count);
     }
     // dh = dY_r Wd^T; the epilogue turns (z, u, dh) into dz, du, h
     GatheredGemm dh = z;
     dh.a = dh.a2 = b.dy.ptr, dh.a_ri = b.dy.rs, dh.a_ck = b.dy.cs;
-    dh.b = dh.b2 = wd, dh.b_cj = ps;
+    dh.b = dh.b2 = wd, dh.b_cj = w.down_ld;
     dh.epi = GatherEpilogue::BackwardGrad, dh.rz = s.rz, dh.ru = s.ru, dh.rh = s.rh;
     launch_gathered_gemm(stream, dh, p.type, tc, sm_count);
     // dX rows = [dZ | dU] [Wg ; Wu] (gated) or dZ Wu (plain), scattered to the rows' places
     GatheredGemm dx = base;
     dx.a = s.rz, dx.a2 = s.ru, dx.a_f32 = f32, dx.a_ri = p.hp, dx.a_ck = 1, dx.a_rows = nullptr;
-    dx.b = wg, dx.b2 = pair, dx.b_f32 = p.type == TW_R_32F, dx.b_rk = w.gate_ld, dx.b2_rk = ps, dx.b_cj = 1;
+    dx.b = wg, dx.b2 = wu, dx.b_f32 = p.type == TW_R_32F, dx.b_rk = w.gate_ld, dx.b2_rk = w.up_ld, dx.b_cj = 1;
     dx.ksplit = p.h, dx.n = p.d, dx.k = p.gated ? 2 * p.h : p.h;
     dx.epi = GatherEpilogue::ScatterRows, dx.c = b.dx.ptr, dx.c_rs = b.dx.rs, dx.c_cs = b.dx.cs, dx.c_rows = sv.dense_rows;
     launch_gathered_gemm(stream, dx, p.type, tc, sm_count);
@@ -161,7 +161,8 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
     // clang-format off
     TokenArgs<T> ta{static_cast<const T *>(b.dy.ptr), b.dy.rs, b.dy.cs, rows_vectorizable(b.dy, p.d),
                     static_cast<T *>(b.dx.ptr), b.dx.rs, b.dx.cs, rows_vectorizable(b.dx, p.d),
-                    static_cast<const T *>(w.pair), w.pair_stride, static_cast<const T *>(w.gate), w.gate_ld,
+                    static_cast<const T *>(w.up), w.up_ld, static_cast<const T *>(w.down), w.down_ld,
+                    static_cast<const T *>(w.gate), w.gate_ld,
                     p.dp, p.d, p.m, p.h, f32, p.gated, p.highest, b.l1_scale,
                     sv.idx, sv.g, sv.u, sv.count, l.ell, s.dz, s.du};
     // clang-format on
@@ -277,22 +278,20 @@ void recompute_with_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProbl
                            const BackwardArgs &b, const TrainScratch &s, int64_t cap) {
     const twDataType_t t = p.type;
     const FfnWeights w = st.weights(p);
-    const int64_t ps = w.pair_stride;
-    const void *down = static_cast<const char *>(w.pair) + (p.gated ? p.dp * 2 : 0);  // 16-bit
     auto gemm = [&](GemmOperand a, GemmOperand bb, GemmOutput z) {
         st.gemm.run(stream, 1.0f, a, bb, z, s.lt_workspace, s.lt_bytes);
     };
     gather_dense_rows(stream, p, saved, b, s, cap);
     gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {w.gate, p.h, p.d, w.gate_ld, TW_ORDER_ROW, t}, {s.rz, p.hp, t});
     if (p.gated)
-        gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {w.pair, p.h, p.d, ps, TW_ORDER_ROW, t}, {s.ru, p.hp, t});
-    gemm({s.dyc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {down, p.h, p.d, ps, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
+        gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {w.up, p.h, p.d, w.up_ld, TW_ORDER_ROW, t}, {s.ru, p.hp, t});
+    gemm({s.dyc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {w.down, p.h, p.d, w.down_ld, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
     dense_rows_grads(stream, p, s, cap, b.l1_scale);
     // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views
     gemm({s.rz, cap, p.h, p.hp, TW_ORDER_ROW, t}, {w.gate, p.d, p.h, w.gate_ld, TW_ORDER_COL, t},
          {s.dxc, p.dp, TW_R_32F});
     if (p.gated)
-        gemm({s.ru, cap, p.h, p.hp, TW_ORDER_ROW, t}, {w.pair, p.d, p.h, ps, TW_ORDER_COL, t},
+        gemm({s.ru, cap, p.h, p.hp, TW_ORDER_ROW, t}, {w.up, p.d, p.h, w.up_ld, TW_ORDER_COL, t},
              {s.dxc + cap * p.dp, p.dp, TW_R_32F});
     scatter_dense_dx(stream, p, saved, b, s, cap);
     // weight-gradient terms: dZ^T Xc, dU^T Xc, H^T dYc (column-major views of the cap-row buffers)
@@ -332,18 +331,16 @@ void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProble
                           const TrainScratch &s) {
     const twDataType_t t = p.type;
     const FfnWeights w = st.weights(p);
-    const int64_t ps = w.pair_stride;
-    const void *down = static_cast<const char *>(w.pair) + (p.gated ? p.dp * 2 : 0);  // 16-bit
     auto gemm = [&](GemmOperand a, GemmOperand b, GemmOutput z) {
         st.gemm.run(stream, 1.0f, a, b, z, s.lt_workspace, s.lt_bytes);
     };
-    gemm(gemm_operand(dy), {down, p.h, p.d, ps, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
+    gemm(gemm_operand(dy), {w.down, p.h, p.d, w.down_ld, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
     dense_rows_grads(stream, p, s, p.m, l1_scale, sv.dense_z, sv.dense_u);
     const GemmOperand dz{s.rz, p.m, p.h, p.hp, TW_ORDER_ROW, t}, du{s.ru, p.m, p.h, p.hp, TW_ORDER_ROW, t};
     const GemmOperand h{s.rh, p.m, p.h, p.hp, TW_ORDER_ROW, t};
     // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views
     gemm(dz, {w.gate, p.d, p.h, w.gate_ld, TW_ORDER_COL, t}, {s.dxc, p.dp, TW_R_32F});
-    if (p.gated) gemm(du, {w.pair, p.d, p.h, ps, TW_ORDER_COL, t}, {s.dxc + p.m * p.dp, p.dp, TW_R_32F});
+    if (p.gated) gemm(du, {w.up, p.d, p.h, w.up_ld, TW_ORDER_COL, t}, {s.dxc + p.m * p.dp, p.dp, TW_R_32F});
     const MatrixArg dxa = matrix_arg(dx);
     by_type(t, [&](auto tag) {
         using T = decltype(tag);
@@ -375,6 +372,11 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
     checked.require(dwu.values, "dWup");
     checked.require(dwd.values, "dWdown");
     checked.require(workspace, "workspace");
+    // outputs over weights the FFN reads in place would be read after being written
+    require_apart_from_weights(st, byte_range(dx), "dX");
+    if (dwg) require_apart_from_weights(st, byte_range(*dwg), "dWgate");
+    require_apart_from_weights(st, byte_range(dwu), "dWup");
+    require_apart_from_weights(st, byte_range(dwd), "dWdown");
     const TrainScratch s = carve_train_scratch(workspace, p, nullptr);
     const FfnWeights w = st.weights(p);
     BackwardArgs b{};

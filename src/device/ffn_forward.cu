@@ -99,6 +99,11 @@ void run_gate_gemm(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, c
                 {s.gate, s.ldg, p.gate_f32() ? TW_R_32F : p.type}, s.lt_workspace, s.lt_bytes);
 }
 
+/// Wd^T (D x H) as a GEMM operand: the down rows read column-major, no transposed copy.
+GemmOperand down_t_operand(const FfnWeights &w, const FfnProblem &p) {
+    return {w.down, p.d, p.h, w.down_ld, TW_ORDER_COL, p.type};
+}
+
 /// What the unit lists are made from after the masked gate GEMM: its words, into the lists,
 /// counts, dense list and per-unit counts of the scratch.
 MaskListArgs mask_list_args(const FfnProblem &p, const FfnScratch &s, unsigned long long *neuron_counts) {
@@ -133,8 +138,8 @@ void launch_decode(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w
     // the header and the counters after it (ffn_layout: one memset, one graph node fewer)
     check(cudaMemsetAsync(s.header, 0, static_cast<size_t>(2 + p.m * (2 + nt)) * 4, stream), "cudaMemsetAsync");
     DecodeArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<int>(p.m), p.d,
-                    p.dp, p.h, static_cast<const T *>(w.gate), w.gate_ld, static_cast<const T *>(w.pair),
-                    w.pair_stride, p.gated, p.highest, false, write_h, s.gate, s.ldg, p.tile, nt, s.dec_zero, s.dec_zero + 2 * p.m,
+                    p.dp, p.h, static_cast<const T *>(w.gate), w.gate_ld, static_cast<const T *>(w.up), w.up_ld,
+                    static_cast<const T *>(w.down), w.down_ld, p.gated, p.highest, false, write_h, s.gate, s.ldg, p.tile, nt, s.dec_zero, s.dec_zero + 2 * p.m,
                     s.dec_zero + p.m, s.dec_list, blocks, s.dec_partial,
                     s.dec_partial + static_cast<int64_t>(blocks) * p.m * p.dp, neuron_counts};
     // x of every token in shared memory: at most 4 x 4096 x 2 bytes (decode_applies), under 48 KB
@@ -168,7 +173,8 @@ void launch_serve(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, co
     a.x = static_cast<const T *>(x.ptr), a.x_rs = x.rs, a.m = static_cast<int>(p.m);
     a.d = p.d, a.dp = p.dp, a.h = p.h;
     a.wgate = static_cast<const T *>(w.gate), a.wgate_ld = w.gate_ld;
-    a.pair = static_cast<const T *>(w.pair), a.pair_stride = w.pair_stride;
+    a.up = static_cast<const T *>(w.up), a.up_ld = w.up_ld;
+    a.down = static_cast<const T *>(w.down), a.down_ld = w.down_ld;
     a.fp8 = w.fp8;
     a.gated = p.gated, a.write_h = write_h;
     a.gate = static_cast<T *>(s.gate), a.ldg = s.ldg;
@@ -286,8 +292,8 @@ template <class T>
 void launch_fused(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x, const MatrixArg &y,
                   const FfnScratch &s, bool write_h) {
     FusedArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr), y.rs,
-                   y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m,
-                   s.gate, s.ldg, p.gate_f32(), p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1,
+                   y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.up), w.up_ld, static_cast<const T *>(w.down),
+                   w.down_ld, p.dp, p.d, p.m, s.gate, s.ldg, p.gate_f32(), p.gated, p.highest, write_h, s.idx, s.cap, s.count, s.row_l1,
                    s.splits, s.partial};
     constexpr int E = Chunk<T>::n;
     const int64_t per_warp_max = heuristics::kFusedWarpChunks * 32 * E;
@@ -345,7 +351,8 @@ template <class T, class AfterU>
 void launch_two_pass(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, const MatrixArg &x,
                      const MatrixArg &y, const FfnScratch &s, bool pdl, const MaskListArgs *lists, AfterU &&after_u) {
     FwdArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr), y.rs,
-                 y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d, p.m, p.h,
+                 y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.up), w.up_ld, static_cast<const T *>(w.down),
+                 w.down_ld, p.dp, p.d, p.m, p.h,
                  s.gate, s.ldg, p.gate_f32(), p.gated, p.highest, s.idx, s.count, s.cap, s.save_g, s.save_u, s.row_l1,
                  w.fp8, s.dense_rows, s.dense_count, lists ? *lists : MaskListArgs{}};
     if constexpr (std::is_same_v<T, float>) {
@@ -365,7 +372,8 @@ void launch_fp8_dense_rows(cudaStream_t stream, const CudaFfnState &st, const Ff
                            const MatrixArg &x, const MatrixArg &y, const FfnScratch &s) {
     if (p.m == 0) return;
     const FwdArgs<T> a{static_cast<const T *>(x.ptr), x.rs, x.cs, rows_vectorizable(x, p.d), static_cast<T *>(y.ptr),
-                       y.rs, y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.d,
+                       y.rs, y.cs, rows_vectorizable(y, p.d), static_cast<const T *>(w.up), w.up_ld,
+                       static_cast<const T *>(w.down), w.down_ld, p.dp, p.d,
                        p.m, p.h, s.gate, s.ldg, false, p.gated, false, s.idx, s.count, s.cap, nullptr, nullptr,
                        s.row_l1, w.fp8, s.dense_rows, s.dense_count, MaskListArgs{}};
     // about two waves of blocks in all: most forwards have few dense rows or none, and an idle
@@ -402,7 +410,7 @@ void launch_dense_path_gathered(cudaStream_t stream, const CudaFfnState &st, con
     if (p.gated) {
         GatheredGemm up = g;
         up.a = up.a2 = x.ptr, up.a_f32 = x.type == TW_R_32F, up.a_ri = x.rs, up.a_ck = x.cs, up.a_rows = s.dense_rows;
-        up.b = up.b2 = w.pair, up.b_cj = w.pair_stride;
+        up.b = up.b2 = w.up, up.b_cj = w.up_ld;
         up.n = p.h, up.k = p.d, up.ksplit = p.d;
         up.epi = GatherEpilogue::GateProduct, up.c = s.gate, up.c_rs = s.ldg, up.c_f32 = p.gate_f32();
         launch_gathered_gemm(stream, up, p.type, tensor_cores, st.sm_count, st.pdl);
@@ -410,7 +418,8 @@ void launch_dense_path_gathered(cudaStream_t stream, const CudaFfnState &st, con
     GatheredGemm down = g;
     down.a = down.a2 = s.gate, down.a_f32 = p.gate_f32(), down.relu_a = !p.gated, down.a_ri = s.ldg, down.a_ck = 1;
     down.a_rows = s.dense_rows;
-    down.b = down.b2 = w.down_t, down.b_cj = p.hp;
+    // Wd^T: row j of Wd holds the reduction's column j (k = unit, j = output column)
+    down.b = down.b2 = w.down, down.b_rk = down.b2_rk = w.down_ld, down.b_cj = 1;
     down.n = p.d, down.k = p.h, down.ksplit = p.h;
     down.epi = GatherEpilogue::ScatterRows, down.c = y.ptr, down.c_rs = y.rs, down.c_cs = y.cs;
     launch_gathered_gemm(stream, down, p.type, tensor_cores, st.sm_count, st.pdl);
@@ -429,15 +438,15 @@ void run_dense_path_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProbl
         check_launch("gather_rows");
         const FfnWeights w = st.weights(p);
         st.gemm.run(stream, 1.0f, {s.xc, cap, p.d, p.dp, TW_ORDER_ROW, p.type},
-                    {w.pair, p.h, p.d, w.pair_stride, TW_ORDER_ROW, p.type}, {s.up, s.ldg, p.type}, s.lt_workspace,
+                    {w.up, p.h, p.d, w.up_ld, TW_ORDER_ROW, p.type}, {s.up, s.ldg, p.type}, s.lt_workspace,
                     s.lt_bytes);
     }
     compact_hidden<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, 4096))), 256, 0, stream>>>(
         static_cast<T *>(s.gate), s.ldg, static_cast<T *>(s.up), p.h, p.gated, s.dense_rows, s.dense_count, cap,
         write_hidden, s.row_l1);
     check_launch("compact_hidden");
-    st.gemm.run(stream, 1.0f, {s.up, cap, p.h, s.ldg, TW_ORDER_ROW, p.type},
-                {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {s.xc, p.dp, p.type}, s.lt_workspace, s.lt_bytes);
+    st.gemm.run(stream, 1.0f, {s.up, cap, p.h, s.ldg, TW_ORDER_ROW, p.type}, down_t_operand(st.weights(p), p),
+                {s.xc, p.dp, p.type}, s.lt_workspace, s.lt_bytes);
     scatter_rows<T><<<blocks, 256, 0, stream>>>(static_cast<const T *>(s.xc), p.dp, p.d, s.dense_rows, s.dense_count, cap,
                                                static_cast<T *>(y.ptr), y.rs, y.cs);
     check_launch("scatter_rows");
@@ -476,15 +485,25 @@ template <class T>
 void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const FfnScratch &s,
                     const twDnMatDescr &x, const twDnMatDescr &y, const DenseModeBuffers &b) {
     if (p.gated) {
-        // z and u as one strided-batched GEMM, as the dense FFN stacks [Wg; Wu]: Wu_j is dp
-        // after Wg_j in the unit rows, and u's buffer is (up - z) after z's (16-bit values; both
+        // z and u: one strided-batched GEMM, as the dense FFN stacks [Wg; Wu], where Wu starts
+        // 16-byte aligned after Wg with the same leading dimension (the FFN's copy: dp further
+        // on; in place, a stacked [Wg; Wu] storage or two allocations in that order), else two
+        // GEMMs. u's buffer is (up - z) after z's (16-bit values; both
         // layouts, the workspace's and the saved state's, place u after z)
         const FfnWeights w = st.weights(p);
         const ptrdiff_t apart = static_cast<const char *>(b.up) - static_cast<const char *>(b.z);
         if (apart < static_cast<ptrdiff_t>(p.m * s.ldg) * 2)
             fail(TW_STATUS_INTERNAL_ERROR, "dense mode: u's buffer does not follow z's");
-        st.gemm.run(stream, 1.0f, gemm_operand(x), {w.gate, p.h, p.d, w.gate_ld, TW_ORDER_ROW, p.type},
-                    {b.z, s.ldg, p.type}, s.lt_workspace, s.lt_bytes, GemmBatch{2, 0, p.dp, apart / 2});
+        const GemmOperand wg{w.gate, p.h, p.d, w.gate_ld, TW_ORDER_ROW, p.type};
+        const ptrdiff_t w_apart = static_cast<const char *>(w.up) - static_cast<const char *>(w.gate);
+        if (w.up_ld == w.gate_ld && w_apart > 0 && w_apart % 16 == 0) {
+            st.gemm.run(stream, 1.0f, gemm_operand(x), wg, {b.z, s.ldg, p.type}, s.lt_workspace, s.lt_bytes,
+                        GemmBatch{2, 0, w_apart / p.weight_bytes(), apart / 2});
+        } else {
+            st.gemm.run(stream, 1.0f, gemm_operand(x), wg, {b.z, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
+            st.gemm.run(stream, 1.0f, gemm_operand(x), {w.up, p.h, p.d, w.up_ld, TW_ORDER_ROW, p.type},
+                        {b.up, s.ldg, p.type}, s.lt_workspace, s.lt_bytes);
+        }
     } else {
         FfnScratch zs = s;
         zs.gate = b.z;
@@ -500,9 +519,8 @@ void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, 
     // before them) 256 tokens took 54.6 us against 51.4 on an H100, llm-29
     // (bench/results/h100-dense-stats-lean-2026-11-26g.txt)
     st.branch.mark(stream);
-    st.gemm.run(stream, 1.0f, {b.h, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type},
-                {st.down_t.get(), p.d, p.h, p.hp, TW_ORDER_ROW, p.type}, {y.values, y.ld, p.type}, s.lt_workspace,
-                s.lt_bytes);
+    st.gemm.run(stream, 1.0f, {b.h, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type}, down_t_operand(st.weights(p), p),
+                {y.values, y.ld, p.type}, s.lt_workspace, s.lt_bytes);
     const cudaStream_t side = st.branch.fork_from_mark();
     if (p.m <= heuristics::kDenseModeFoldMaxTokens) {
         launch_dense_stats<T>(side, p, s, b.z, b.h, st.neuron_counts(), st.stats_block(), st.feedback.device());
@@ -622,14 +640,16 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
 }
 
 /// Everything the inference forward's enqueued work depends on.
-CallKey inference_key(const FfnProblem &p, const ForwardPath &path, const twDnMatDescr &x, const twDnMatDescr &y,
-                      const twSpMatDescr *hidden, const void *workspace) {
+CallKey inference_key(const FfnProblem &p, const ForwardPath &path, const FfnWeights &w, const twDnMatDescr &x,
+                      const twDnMatDescr &y, const twSpMatDescr *hidden, const void *workspace) {
     CallKey k;
     k.add(p.m).add(p.highest).add(p.fp8).add(p.deterministic).add(p.tile).add(p.slots);
     k.add(path.serve).add(path.decode).add(path.dense_mode).add(path.masked_gate).add(path.two_pass).add(path.cublas_rows);
     k.add(path.lists_in_fwd_u);
     for (const twDnMatDescr *d : {&x, &y}) k.add(d->values).add(d->ld).add(d->order);
     k.add(workspace).add(hidden);
+    // the weights' addresses (twFfnUpdateWeights may point the FFN elsewhere)
+    k.add(w.gate).add(w.gate_ld).add(w.up).add(w.up_ld).add(w.down).add(w.down_ld);
     if (hidden) {
         k.add(hidden->buffer).add(hidden->format).add(hidden->type).add(hidden->rows).add(hidden->cols);
         k.add(hidden->twell.tile_width).add(hidden->twell.compression);
@@ -654,11 +674,13 @@ void ffn_forward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr 
         st.fp8_stale = false;
     }
     const ForwardPath path = choose_path(st, p, x, y, false);
-    const CallKey key = inference_key(p, path, x, y, hidden, workspace);
+    const CallKey key = inference_key(p, path, st.weights(p), x, y, hidden, workspace);
     if (!st.calls.seen(key)) {  // once per argument set: a replayed call's pointers were checked
         require_device_accessible(x.values, "X");
         require_device_accessible(y.values, "Y");
+        require_apart_from_weights(st, byte_range(y), "Y");
         if (hidden) require_device_accessible(hidden->buffer, "hidden");
+        if (hidden) require_apart_from_weights(st, byte_range(*hidden), "hidden");
         require_device_accessible(workspace, "workspace");
     }
     st.calls.run(stream, key, ffn.call_graphs != 0, [&](cudaStream_t s) {
@@ -689,6 +711,7 @@ void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMat
     st.train_pointers.require(y.values, "Y");
     st.train_pointers.require(saved, "saved");
     st.train_pointers.require(workspace, "workspace");
+    require_apart_from_weights(st, byte_range(y), "Y");
     absorb_feedback(st);
     const ForwardPath path = choose_path(st, p, x, y, true);
     by_type(p.type, [&](auto tag) { enqueue_training<decltype(tag)>(stream, st, p, path, x, y, saved, workspace); });

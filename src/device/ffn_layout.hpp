@@ -25,14 +25,14 @@ struct FfnProblem {
                           // a tile goes through the exact dense path
     /// The gate (and h, u, dz, du) in fp32: fp32 data, or HIGHEST_PRECISION.
     bool gate_f32() const { return type == TW_R_32F || highest; }
-    /// Elements between a unit's weight rows: [Wg_j | Wu_j | Wd_j] (gated) or [Wu_j | Wd_j].
-    int64_t unit_row() const { return (gated ? 3 : 2) * dp; }
     size_t gate_bytes() const { return gate_f32() ? 4 : 2; }
+    /// Bytes of one weight element (the FFN's type).
+    int64_t weight_bytes() const { return type == TW_R_32F ? 4 : 2; }
     /// Where cuBLAS may run the dense parts: 16-bit values in DEFAULT mode.
     bool cublas_ok() const { return !gate_f32(); }
 };
 
-/// TW_COMPUTE_FP8_WEIGHTS: the FP8 copy of the pair rows (kernels/fp8_rows.cuh). Row j =
+/// TW_COMPUTE_FP8_WEIGHTS: the FP8 copy of the up and down rows (kernels/fp8_rows.cuh). Row j =
 /// [q(Wu_j) | q(Wd_j)] (gated) or [q(Wd_j)] (plain), each half `half` bytes (D rounded up to 16,
 /// zero-padded: every 16-byte load is aligned), and scale[j] = {s(Wu_j), s(Wd_j)}.
 struct Fp8Rows {
@@ -45,17 +45,20 @@ struct Fp8Rows {
     static int64_t row_bytes(int64_t dp, bool gated) { return half_bytes(dp) * (gated ? 2 : 1); }
 };
 
-/// The FFN's weights in the kernels' layouts, made by twCreateFfn (pads are zero). A unit's rows
-/// lie side by side, [Wg_j | Wu_j | Wd_j] (gated) or [Wu_j | Wd_j] (plain), FfnProblem::unit_row
-/// apart: a sparse kernel reads its unit's up and down rows from one place, and dense mode's gate
-/// and up GEMMs are one strided-batched GEMM (Wu is Wg dp further on).
+/// The FFN's weights as the kernels read them: three matrices of H rows, each row D values on 16
+/// bytes (a multiple of 16 bytes apart), its pads [d, dp) zero. Either the caller's own memory,
+/// read in place (D a multiple of 8, TW_ORDER_ROW, 16-byte rows: then dp = d and there are no
+/// pads), or rows of the FFN's copy (ffn_weights.cu), which holds each copied matrix's row j side
+/// by side: [Wg_j | Wu_j | Wd_j] when all three are copied. Fixed per FFN until
+/// twFfnUpdateWeights (a captured call's key holds them).
 struct FfnWeights {
-    const void *gate;     // H rows of `gate_ld`: Wg (gated) or Wu (plain), whose ReLU gives sparsity
-    int64_t gate_ld;      // elements
-    const void *pair;     // H rows of `pair_stride`: [Wu_j | Wd_j] (gated) or [Wd_j] (plain)
-    int64_t pair_stride;  // elements
-    const void *down_t;   // D x hp: Wd^T, for the dense path
-    Fp8Rows fp8;          // null unless the FFN has been set to TW_COMPUTE_FP8_WEIGHTS
+    const void *gate;  // Wg (gated) or Wu (plain): the rows whose ReLU gives sparsity
+    int64_t gate_ld;   // elements between rows
+    const void *up;    // Wu (gated); NULL for a plain FFN
+    int64_t up_ld;
+    const void *down;  // Wd: row j = unit j's down row; the dense path reads it as Wd^T (D x H
+    int64_t down_ld;   // column-major, leading dimension down_ld)
+    Fp8Rows fp8;       // null unless the FFN has been set to TW_COMPUTE_FP8_WEIGHTS
 };
 
 /// Device-side statistics of the last forward (deterministic: reduced in a fixed order).

@@ -38,9 +38,6 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const Device
     st->device = device.device;
     st->masked_gate = device.masked_gate;
     st->pdl = device.pdl;
-    const size_t eb = elem_bytes(p.type);
-    st->unit_rows.reset(static_cast<size_t>(p.h * p.unit_row()) * eb);
-    st->down_t.reset(static_cast<size_t>(p.d * p.hp) * eb);
     st->stats.reset(sizeof(FfnStatsBlock));
     st->counts.reset(static_cast<size_t>(p.h) * 8);
     st->fp8_q_bytes = static_cast<size_t>(p.h * Fp8Rows::row_bytes(p.dp, p.gated));

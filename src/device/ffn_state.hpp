@@ -1,6 +1,6 @@
-// The CUDA backend's state of one FFN descriptor, made by twCreateFfn: the weights in the kernels'
-// layouts, the device statistics and neuron counts, the statistics feedback that steers the path
-// choice, the cuBLASLt plans and the captured calls. Everything a compute call needs that depends
+// The CUDA backend's state of one FFN descriptor, made by twCreateFfn: where the kernels read the
+// weights (in place, or the FFN's copy), the device statistics and neuron counts, the statistics
+// feedback that steers the path choice, the cuBLASLt plans and the captured calls. Everything a compute call needs that depends
 // only on the FFN and the shape lives here, so that a call does no other host work.
 #pragma once
 
@@ -14,6 +14,7 @@
 #include "common/device_info.hpp"
 #include "common/pointer_check.hpp"
 #include "host/backend.hpp"
+#include "host/memory_range.hpp"
 
 namespace twblas::cuda {
 
@@ -60,10 +61,18 @@ class TrainForwards {
 };
 
 struct CudaFfnState final : FfnState {
-    DeviceBuffer unit_rows, down_t;  // FfnWeights: H rows of FfnProblem::unit_row, and Wd^T
-    // TW_COMPUTE_FP8_WEIGHTS: the FP8 copy of `pair` (Fp8Rows), allocated when the mode is first
-    // set; made again by the first FP8 forward after twCreateFfn or twFfnUpdateWeights
-    // (`fp8_stale`, guarded by `mutex`), in that forward's stream order
+    // The weights the kernels read (FfnWeights, without fp8): the caller's matrices in place, or
+    // rows of `weight_copy` for those that cannot be read there (ffn_weights.cu). `copied`: bit
+    // i set when matrix i (gate, up, down) lives in the copy, -1 before the first placement.
+    FfnWeights placed{};
+    DeviceBuffer weight_copy;
+    int copied = -1;
+    // the caller's memory read in place (the gradients and outputs must not overlap it)
+    ByteRange in_place[3]{};
+    const char *in_place_name[3]{};
+    // TW_COMPUTE_FP8_WEIGHTS: the FP8 copy of the up and down rows (Fp8Rows), allocated when the
+    // mode is first set; made again by the first FP8 forward after twCreateFfn or
+    // twFfnUpdateWeights (`fp8_stale`, guarded by `mutex`), in that forward's stream order
     DeviceBuffer fp8_q, fp8_scale;
     size_t fp8_q_bytes = 0, fp8_scale_bytes = 0;  // what they take (make_ffn_state)
     bool fp8_stale = true;
@@ -89,10 +98,13 @@ struct CudaFfnState final : FfnState {
     ReachablePointers train_pointers;  // the training calls' arguments, checked once each
 
     FfnWeights weights(const FfnProblem &p) const {
-        const char *pair = unit_rows.get<char>() + p.dp * static_cast<int64_t>(elem_bytes(p.type));
-        return {unit_rows.get(), p.unit_row(), pair, p.unit_row(), down_t.get(),
-                {fp8_q.get<uint8_t>(), fp8_scale.get<float2>(), Fp8Rows::row_bytes(p.dp, p.gated),
-                 Fp8Rows::half_bytes(p.dp)}};
+        FfnWeights w = placed;
+        w.fp8 = {fp8_q.get<uint8_t>(), fp8_scale.get<float2>(), Fp8Rows::row_bytes(p.dp, p.gated),
+                 Fp8Rows::half_bytes(p.dp)};
+        return w;
+    }
+    int64_t weight_copy_bytes() const override {
+        return static_cast<int64_t>(weight_copy.bytes() + fp8_q.bytes() + fp8_scale.bytes());
     }
     void prepare_compute_mode(int32_t mode) override;
     FfnStatsBlock *stats_block() const { return stats.get<FfnStatsBlock>(); }

@@ -1,6 +1,8 @@
-// The FFN's weights in the kernels' layouts (FfnWeights), copied by twCreateFfn and
-// twFfnUpdateWeights from user weights in either order.
+// Where the FFN's kernels read its weights (FfnWeights), set by twCreateFfn and
+// twFfnUpdateWeights: each matrix in the caller's memory when it is in the kernels' layout,
+// else in rows of the FFN's copy, made here from either order.
 #include <algorithm>
+#include <bitset>
 
 #include "common/matrix_arg.hpp"
 #include "common/pointer_check.hpp"
@@ -38,31 +40,82 @@ void quantize_fp8_weights(cudaStream_t stream, CudaFfnState &st, const FfnProble
     const FfnWeights w = st.weights(p);
     by_16bit_type(p.type, [&](auto tag) {
         using T = decltype(tag);
+        // a gated FFN's rows are Wu_j and Wd_j, a plain one's Wd_j (its Wu is the gate)
         quantize_fp8_rows<T><<<static_cast<unsigned>(p.h), 256, 0, stream>>>(
-            static_cast<const T *>(w.pair), w.pair_stride, p.dp, p.gated ? 2 : 1, st.fp8_q.get<uint8_t>(),
+            static_cast<const T *>(p.gated ? w.up : w.down), p.gated ? w.up_ld : w.down_ld,
+            static_cast<const T *>(w.down), w.down_ld, p.dp, p.gated ? 2 : 1, st.fp8_q.get<uint8_t>(),
             st.fp8_scale.get<float2>(), w.fp8.stride, w.fp8.half);
         check_launch("quantize_fp8_rows");
     });
 }
 
-void ffn_repack_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const twDnMatDescr *wg,
-                        const twDnMatDescr &wu, const twDnMatDescr &wd, bool wait) {
+bool readable_in_place(const FfnProblem &p, const twDnMatDescr &w) {
+    // dp = d: rows without pads (the kernels read whole 16-byte chunks up to dp, and multiply
+    // any pad by x's zero, which only a zero pad survives exactly)
+    return w.type == p.type && w.order == TW_ORDER_ROW && w.rows == p.h && w.cols == p.d && p.d % 8 == 0 &&
+           reinterpret_cast<uintptr_t>(w.values) % 16 == 0 && (w.ld * p.weight_bytes()) % 16 == 0;
+}
+
+void ffn_place_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const twDnMatDescr *wg,
+                       const twDnMatDescr &wu, const twDnMatDescr &wd, bool wait) {
     if (wg) require_device_accessible(wg->values, "wGate");
     require_device_accessible(wu.values, "wUp");
     require_device_accessible(wd.values, "wDown");
-    // unit row j = [Wg_j | Wu_j | Wd_j] (gated) or [Wu_j | Wd_j]: a strided copy into each third
-    const FfnWeights w = st.weights(p);
-    const int64_t eb = static_cast<int64_t>(elem_bytes(p.type));
-    launch_repack(stream, matrix_arg(p.gated ? *wg : wu), false, const_cast<void *>(w.gate), w.gate_ld, p.h, p.dp);
-    char *const pair = static_cast<char *>(const_cast<void *>(w.pair));
-    if (p.gated) launch_repack(stream, matrix_arg(wu), false, pair, w.pair_stride, p.h, p.dp);
-    launch_repack(stream, matrix_arg(wd), false, pair + (p.gated ? p.dp * eb : 0), w.pair_stride, p.h, p.dp);
-    launch_repack(stream, matrix_arg(wd), true, st.down_t.get(), p.hp, p.d, p.hp);
+    // the kernels' three matrices: the gate (Wg, or Wu of a plain FFN), the up rows (gated), Wd
+    const twDnMatDescr *const mats[3] = {p.gated ? wg : &wu, p.gated ? &wu : nullptr, &wd};
+    const char *const names[3] = {p.gated ? "wGate" : "wUp", "wUp", "wDown"};
+    int copied = 0;
+    for (int i = 0; i < 3; ++i)
+        if (mats[i] && !readable_in_place(p, *mats[i])) copied |= 1 << i;
+    // the copy: row j holds the copied matrices' rows j side by side, dp values each
+    const int64_t n_copied = static_cast<int64_t>(std::bitset<3>(static_cast<unsigned>(copied)).count());
+    const int64_t row = n_copied * p.dp;
+    if (copied != st.copied) {
+        // a layout the FFN does not hold yet (twCreateFfn, or new weights that differ in what is
+        // read in place): its memory is allocated here, which blocks
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+        if (status != cudaStreamCaptureStatusNone)
+            fail(TW_STATUS_NOT_SUPPORTED, "wGate, wUp, wDown: these weights need a weight copy of another layout than "
+                 "the FFN holds (which is read in place changed), which allocates: not during a stream capture");
+        check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // work in flight may read the old copy
+        st.weight_copy.reset(static_cast<size_t>(p.h * row * p.weight_bytes()));
+        st.copied = copied;
+    }
+    FfnWeights w{};
+    const void *ptr[3] = {};
+    int64_t ld[3] = {};
+    int64_t at = 0;  // elements into a copied row
+    for (int i = 0; i < 3; ++i) {
+        st.in_place[i] = {};
+        st.in_place_name[i] = names[i];
+        if (!mats[i]) continue;
+        if (copied >> i & 1) {
+            void *dst = st.weight_copy.get<char>() + at * p.weight_bytes();
+            launch_repack(stream, matrix_arg(*mats[i]), false, dst, row, p.h, p.dp);
+            ptr[i] = dst, ld[i] = row;
+            at += p.dp;
+        } else {
+            ptr[i] = mats[i]->values, ld[i] = mats[i]->ld;
+            st.in_place[i] = byte_range(*mats[i]);
+        }
+    }
+    w.gate = ptr[0], w.gate_ld = ld[0];
+    w.up = ptr[1], w.up_ld = ld[1];
+    w.down = ptr[2], w.down_ld = ld[2];
     {
         std::lock_guard<std::mutex> lock(st.mutex);
+        // new pointers make new keys of the captured calls (inference_key): a graph never reads
+        // memory the FFN no longer points at
+        st.placed = w;
         st.fp8_stale = true;  // the next FP8 forward quantizes the new rows
     }
     if (wait) check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+/// INVALID_VALUE when `out` (memory a compute call writes) overlaps weights read in place.
+void require_apart_from_weights(const CudaFfnState &st, const ByteRange &out, const char *out_name) {
+    for (int i = 0; i < 3; ++i) require_disjoint(out, out_name, st.in_place[i], st.in_place_name[i]);
 }
 
 }  // namespace twblas::cuda

@@ -25,6 +25,9 @@ struct FfnState {
     /// needs memory for it (the CUDA backend's FP8 copy) takes it here, in a setup call, never in
     /// a compute call. Throws (the mode stays as it was) when it cannot.
     virtual void prepare_compute_mode(int32_t mode) { (void)mode; }
+    /// Bytes of weight copies this FFN holds in the backend's memory (TW_FFN_ATTR_WEIGHT_COPY_BYTES):
+    /// 0 when the weights are read where the caller keeps them.
+    virtual int64_t weight_copy_bytes() const = 0;
 };
 
 class Backend {

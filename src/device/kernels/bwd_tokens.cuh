@@ -17,8 +17,10 @@ template <class T> struct TokenArgs {
     T *dx;
     int64_t dx_rs, dx_cs;
     bool dx_vec;
-    const T *pair;  // [Wu_j | Wd_j] (gated) or [Wd_j]
-    int64_t pair_stride;
+    const T *up;  // Wu rows (gated; NULL for a plain FFN), up_ld apart
+    int64_t up_ld;
+    const T *down;  // Wd rows, down_ld apart
+    int64_t down_ld;
     const T *gate_w;  // Wg_j (gated) or Wu_j (plain), gate_ld apart
     int64_t gate_ld;
     int64_t dp, d, m, h;
@@ -56,7 +58,7 @@ template <class T> __global__ void __launch_bounds__(32 * kDhWarps) token_dh(Tok
     const int64_t base = row * a.ell;
     for (int k = warp; k < n; k += kDhWarps) {
         const int64_t col = min(static_cast<int64_t>(a.idx[base + k]), a.h - 1);
-        const float dot = warp_row_dot(sy, a.pair + col * a.pair_stride + (a.gated ? a.dp : 0), nchunks);
+        const float dot = warp_row_dot(sy, a.down + col * a.down_ld, nchunks);
         if (lane == 0) {
             const float g = gate_value<T>(a.sg, base + k, a.gate_f32), u = a.gated ? gate_value<T>(a.su, base + k, a.gate_f32) : 0.0f;
             const UnitGrad ug = unit_grad<T>(g, u, dot, a.gated, a.highest, l1_scale);
@@ -88,9 +90,9 @@ template <class T> __global__ void __launch_bounds__(kDxThreads) token_dx(TokenA
     float acc[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    // Wu_j: the first half of the pair (gated) or the gate-weight row (plain, where gate_w = Wu)
-    const T *up = a.gated ? a.pair : a.gate_w;
-    const int64_t up_stride = a.gated ? a.pair_stride : a.gate_ld;
+    // Wu_j: the up rows (gated) or the gate-weight row (plain, where gate_w = Wu)
+    const T *up = a.gated ? a.up : a.gate_w;
+    const int64_t up_stride = a.gated ? a.up_ld : a.gate_ld;
     constexpr int kG = 4;
     int k = 0;
     for (; k + kG <= n; k += kG) {

@@ -29,8 +29,10 @@ template <class T> struct DecodeArgs {
     int64_t d, dp, h;
     const T *wgate;  // H rows, wgate_ld apart
     int64_t wgate_ld;
-    const T *pair;
-    int64_t pair_stride;
+    const T *up;  // Wu rows (gated), up_ld apart
+    int64_t up_ld;
+    const T *down;  // Wd rows, down_ld apart
+    int64_t down_ld;
     bool gated, highest, gate_f32, write_h;
     void *gate;  // h of every (token, unit) for the hidden output
     int64_t ldg;
@@ -109,7 +111,7 @@ template <class T, int C> __global__ void __launch_bounds__(256) decode_ffn(Deco
         }
         if (active && a.gated) {
             float u[kDecodeTokenCapacity];
-            dots_with_row<T, C>(a.pair + j * a.pair_stride, xs, a.dp, a.m, active, u);
+            dots_with_row<T, C>(a.up + j * a.up_ld, xs, a.dp, a.m, active, u);
 #pragma unroll
             for (int t = 0; t < kDecodeTokenCapacity; ++t)
                 if (active >> t & 1u) {
@@ -152,7 +154,7 @@ template <class T, int C> __global__ void __launch_bounds__(256) decode_ffn(Deco
             for (int w = 0; w < kDecodeUnitsPerBlock; ++w) {
                 if (!(act[w] >> t & 1u)) continue;
                 const int64_t jw = static_cast<int64_t>(blockIdx.x) * kDecodeUnitsPerBlock + w;
-                const uint4 q = *reinterpret_cast<const uint4 *>(a.pair + jw * a.pair_stride + (a.gated ? a.dp : 0) + k0);
+                const uint4 q = *reinterpret_cast<const uint4 *>(a.down + jw * a.down_ld + k0);
                 const float hw = hs[w][t];
 #pragma unroll
                 for (int e = 0; e < 8; ++e) acc[e] = fmaf(hw, Chunk<T>::get(q, e), acc[e]);

@@ -26,17 +26,19 @@ __device__ inline void fp8x8_to_float(uint2 w, float (&v)[8]) {
     }
 }
 
-/// Setup (the first FP8 forward after create or update): a block per unit, each half of its pair
-/// row quantized with its own scale. Division and rounding as the CPU reference does them
-/// (IEEE division, nearest even, saturating at 448), so both backends hold the same bytes.
+/// Setup (the first FP8 forward after create or update): a block per unit, each of its rows
+/// (`halves` of them: row j of `first`, then of `second`) quantized with its own scale. Division
+/// and rounding as the CPU reference does them (IEEE division, nearest even, saturating at 448),
+/// so both backends hold the same bytes.
 template <class T>
-__global__ void __launch_bounds__(256) quantize_fp8_rows(const T *pair, int64_t pair_stride, int64_t dp, int halves,
-                                                         uint8_t *q, float2 *scale, int64_t q_stride, int64_t q_half) {
+__global__ void __launch_bounds__(256) quantize_fp8_rows(const T *first, int64_t first_ld, const T *second,
+                                                         int64_t second_ld, int64_t dp, int halves, uint8_t *q,
+                                                         float2 *scale, int64_t q_stride, int64_t q_half) {
     __shared__ float warp_max[8];
     const int64_t j = blockIdx.x;
     float s[2] = {1.0f, 1.0f};
     for (int half = 0; half < halves; ++half) {
-        const T *w = pair + j * pair_stride + half * dp;
+        const T *w = half == 0 ? first + j * first_ld : second + j * second_ld;
         float amax = 0.0f;
         for (int64_t k = threadIdx.x; k < dp; k += blockDim.x) amax = fmaxf(amax, fabsf(load_elem(w, k)));
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));

@@ -19,8 +19,10 @@ template <class T> struct FusedArgs {
     T *y;
     int64_t y_rs, y_cs;
     bool y_vec;
-    const T *pair;
-    int64_t pair_stride, dp, d, m;
+    const T *up;    // Wu rows (gated; NULL for a plain FFN), up_ld apart
+    int64_t up_ld;
+    const T *down;  // Wd rows, down_ld apart
+    int64_t down_ld, dp, d, m;
     void *gate;
     int64_t ldg;
     bool gate_f32, gated, highest, write_h;
@@ -92,13 +94,15 @@ __global__ void __launch_bounds__(32 * heuristics::kFusedMaxTeamWarps) sparse_ff
             const int col = list[first + split + k * splits];
             char *stage = ring + static_cast<size_t>(k % kStages) * stage_bytes;
             T *dst = reinterpret_cast<T *>(stage);
-            const T *src = a.pair + col * a.pair_stride;
+            // the stage holds [Wu_j | Wd_j] (gated) or [Wd_j]
+            const T *down = a.down + col * a.down_ld;
+            const T *src = a.gated ? a.up + col * a.up_ld : down;
 #pragma unroll
             for (int c = 0; c < V; ++c) {
                 const int64_t k0 = (static_cast<int64_t>(c) * team_threads + t) * E;
                 if (k0 < a.dp) {
                     cp_async16(dst + k0, src + k0, keep);
-                    if (a.gated) cp_async16(dst + a.dp + k0, src + a.dp + k0, keep);
+                    if (a.gated) cp_async16(dst + a.dp + k0, down + k0, keep);
                 }
             }
             // the 4-byte word holding this unit's gate value (16-bit gates: an aligned pair)

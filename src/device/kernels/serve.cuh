@@ -39,8 +39,10 @@ template <class T> struct ServeArgs {
     int64_t d, dp, h;
     const T *wgate;  // H rows, wgate_ld apart, zero padded
     int64_t wgate_ld;
-    const T *pair;   // [Wu_j | Wd_j] (gated) or [Wd_j]
-    int64_t pair_stride;
+    const T *up;     // Wu rows (gated; NULL for a plain FFN), up_ld apart
+    int64_t up_ld;
+    const T *down;   // Wd rows, down_ld apart
+    int64_t down_ld;
     Fp8Rows fp8;  // TW_COMPUTE_FP8_WEIGHTS: the same rows as FP8 (the serving kernels' FP8 instances)
     bool gated, write_h;
     T *gate;  // M x ldg: g of the active units, 0 elsewhere; h over g when write_h
@@ -149,17 +151,19 @@ __device__ inline float serve_row_dot_fp8(const uint8_t *q, const T *xrow, int64
     return warp_sum(part);
 }
 
-/// Where the serving kernels read a unit's rows: the 16-bit pair rows, or (FP8) the FP8 copy, in
-/// bytes. Row j starts at row(j), its down half `down` bytes further on (0 for a plain FFN).
+/// Where the serving kernels read a unit's rows: the 16-bit up and down rows, or (FP8) the FP8
+/// copy, in bytes. Unit j's up row starts at up_row(j) (gated FFNs), its down row at down_row(j).
 template <class T, bool FP8>
 struct ServeRows {
-    const uint8_t *base;
-    int64_t stride, down;
+    const uint8_t *up, *down;
+    int64_t up_stride, down_stride;
     __device__ explicit ServeRows(const ServeArgs<T> &a)
-        : base(FP8 ? a.fp8.q : reinterpret_cast<const uint8_t *>(a.pair)),
-          stride(FP8 ? a.fp8.stride : a.pair_stride * static_cast<int64_t>(sizeof(T))),
-          down(a.gated ? (FP8 ? a.fp8.half : a.dp * static_cast<int64_t>(sizeof(T))) : 0) {}
-    __device__ const uint8_t *row(int64_t j) const { return base + j * stride; }
+        : up(FP8 ? a.fp8.q : reinterpret_cast<const uint8_t *>(a.up)),
+          down(FP8 ? a.fp8.q + (a.gated ? a.fp8.half : 0) : reinterpret_cast<const uint8_t *>(a.down)),
+          up_stride(FP8 ? a.fp8.stride : a.up_ld * static_cast<int64_t>(sizeof(T))),
+          down_stride(FP8 ? a.fp8.stride : a.down_ld * static_cast<int64_t>(sizeof(T))) {}
+    __device__ const uint8_t *up_row(int64_t j) const { return up + j * up_stride; }
+    __device__ const uint8_t *down_row(int64_t j) const { return down + j * down_stride; }
     /// Bytes of the down half that hold `values` columns.
     static __device__ constexpr int64_t bytes(int64_t values) {
         return FP8 ? values : values * static_cast<int64_t>(sizeof(T));
@@ -167,14 +171,14 @@ struct ServeRows {
     /// x_t . Wu_j (FP8: times s_u): the up dot of serve_gate's epilogue.
     __device__ float up_dot(const ServeArgs<T> &a, int64_t j, const T *xrow, int lane) const {
         if constexpr (FP8)
-            return a.fp8.scale[j].x * serve_row_dot_fp8<T>(row(j), xrow, a.d, a.fp8.half, lane);
+            return a.fp8.scale[j].x * serve_row_dot_fp8<T>(up_row(j), xrow, a.d, a.fp8.half, lane);
         else
-            return serve_row_dot(reinterpret_cast<const T *>(row(j)), xrow, a.d, a.dp, lane);
+            return serve_row_dot(reinterpret_cast<const T *>(up_row(j)), xrow, a.d, a.dp, lane);
     }
     /// The down half of row j asked of L2, a 128-byte line a lane.
     __device__ void prefetch_down(int64_t j, int64_t from, int64_t to, int lane) const {
         for (int64_t k = bytes(from) + lane * 128; k < bytes(to); k += 32 * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(row(j) + down + k));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(down_row(j) + k));
     }
 };
 
@@ -468,7 +472,7 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
                 const bool ok = i < count;
                 h[i] = ok ? Value<T>::to_float(__ldcg(hrow + j[i])) : 0.0f;
                 scale[i] = FP8 && ok ? a.fp8.scale[j[i]].y : 1.0f;
-                wd[i] = ok && col_ok ? Down::load(rows.row(j[i]) + rows.down, col0 / E) : typename Down::Raw{};
+                wd[i] = ok && col_ok ? Down::load(rows.down_row(j[i]), col0 / E) : typename Down::Raw{};
             }
 #pragma unroll
             for (int i = 0; i < B; ++i) {
@@ -606,7 +610,7 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
         // 3. h over the window, a warp per unit
         for (int i = warp; i < n; i += W) {
             const int64_t j = units[i];
-            const uint8_t *row = rows.row(j);
+            const uint8_t *row = rows.up_row(j);  // read for a gated FFN only
             if (heuristics::kServePrefetchDown)
                 rows.prefetch_down(j, static_cast<int64_t>(c0) * E, static_cast<int64_t>(c1) * E, lane);
             float h = hs[i], scale_down = 1.0f;
@@ -636,7 +640,7 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
                 for (int i = 0; i < B; ++i) {
                     const bool ok = i0 + i < i1;
                     h[i] = ok ? hs[i0 + i] : 0.0f;
-                    const uint8_t *row = rows.row(ok ? units[i0 + i] : 0) + rows.down;
+                    const uint8_t *row = rows.down_row(ok ? units[i0 + i] : 0);
 #pragma unroll
                     for (int v = 0; v < V; ++v) {
                         const int c = c0 + local + v * span;

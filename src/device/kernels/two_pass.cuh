@@ -45,8 +45,10 @@ template <class T> struct FwdArgs {
     T *y;
     int64_t y_rs, y_cs;
     bool y_vec;
-    const T *pair;
-    int64_t pair_stride, dp, d, m, h;
+    const T *up;    // Wu rows (gated; NULL for a plain FFN), up_ld apart
+    int64_t up_ld;
+    const T *down;  // Wd rows, down_ld apart
+    int64_t down_ld, dp, d, m, h;
     const void *gate;
     int64_t ldg;
     bool gate_f32, gated, highest;
@@ -55,7 +57,7 @@ template <class T> struct FwdArgs {
     int ell;
     void *save_g, *save_u;  // training: g and u per slot; NULL: h goes over the gate value
     float *row_l1;
-    Fp8Rows fp8;  // the rows as FP8 (the kernels' FP8 instances read these instead of `pair`)
+    Fp8Rows fp8;  // the rows as FP8 (the kernels' FP8 instances read these instead of up and down)
     const int32_t *dense_rows;  // the dense path's rows (FP8: fwd_u_dense_rows, fwd_y_dense_rows)
     const uint32_t *dense_count;
     MaskListArgs lists;  // lists.masks set: fwd_u lists its row from the masked GEMM's words itself
@@ -132,7 +134,7 @@ template <class T> __global__ void __launch_bounds__(32 * kFwdUWarps) fwd_u(FwdA
         const float g = s_g[k];
         float h = g, u = 0.0f;
         if (a.gated) {
-            const float dot = warp_row_dot(sx, a.pair + static_cast<int64_t>(s_col[k]) * a.pair_stride, nchunks);
+            const float dot = warp_row_dot(sx, a.up + static_cast<int64_t>(s_col[k]) * a.up_ld, nchunks);
             u = a.highest ? dot : round_to<T>(dot);
             h = a.highest ? g * u : round_to<T>(g * u);
         }
@@ -283,7 +285,7 @@ template <class T, bool FP8> __global__ void __launch_bounds__(kFwdYThreads) fwd
         float acc[E];
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-        value_rows_axpy<T, kFwdUnroll>(a.pair + (a.gated ? a.dp : 0) + k0, a.pair_stride, s_col, s_h, n, acc);
+        value_rows_axpy<T, kFwdUnroll>(a.down + k0, a.down_ld, s_col, s_h, n, acc);
         if (k0 < a.d) store_chunk(a.y, row, a.y_rs, a.y_cs, a.y_vec, k0, a.d, acc);
     }
 }

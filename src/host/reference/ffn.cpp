@@ -25,9 +25,16 @@ struct RefFfnState final : FfnState {
     RowMatrix wg, wu, wd;  // H x D fp32 (wg empty for plain ReLU); wd row j = unit j's down row
     // TW_COMPUTE_FP8_WEIGHTS: the rows the sparse part reads (Wu of a gated FFN, Wd), quantized
     // and scaled back, made by the first forward in that mode after the weights changed
-    std::mutex fp8_lock;
+    mutable std::mutex fp8_lock;
     bool fp8_current = false;
     RowMatrix wu_fp8, wd_fp8;
+    /// The reference keeps every weight as an fp32 copy (it is the oracle), and the FP8 rows once
+    /// made: all of it counts.
+    int64_t weight_copy_bytes() const override {
+        std::lock_guard<std::mutex> lock(fp8_lock);
+        const Eigen::Index values = wg.size() + wu.size() + wd.size() + wu_fp8.size() + wd_fp8.size();
+        return static_cast<int64_t>(values) * static_cast<int64_t>(sizeof(float));
+    }
     // Shared by every forward on this FFN, from any thread and handle: `published` guards the
     // statistics and the neuron counts. A forward accumulates its own privately and publishes
     // them in one critical section (StatsAccumulator::publish), so the counts add up exactly and
