@@ -80,10 +80,10 @@ void register_suite(const std::string &suite) {
         for (const Shape s : {paper, llama}) register_eager(s, "uniform-29", eager_ms, 512, true);
         return;
     }
-    // issue: serving regime; the copy bandwidth first, then M = 1 to 512; serving-paper and
-    // serving-llama are its halves (the same names). On an H100 serving-paper took more than 560 s
-    // (2026-11-27: llm-29's 256 and 512 were cut): to stay within one 10-minute device call, run
-    // one profile at a time (--benchmark_filter='uniform-29|copy', then 'llm-29')
+    // the serving sizes: the copy bandwidth first, then M = 1 to 512; serving-paper and
+    // serving-llama are its halves (the same names). On an H100 serving-paper takes more than 560 s:
+    // to stay within a 10-minute limit, run one profile at a time (--benchmark_filter='uniform-29|copy',
+    // then 'llm-29')
     if (suite == "serving" || suite == "serving-paper" || suite == "serving-llama") {
         register_copy();
         const std::vector<int64_t> serving_ms{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
@@ -93,12 +93,12 @@ void register_suite(const std::string &suite) {
         }
         return;
     }
-    if (suite == "conversions") {  // issue 15: conversions against cuSPARSE; the copy bandwidth first
+    if (suite == "conversions") {  // conversions against cuSPARSE; the copy bandwidth first
         register_copy();
         register_conversions();
         return;
     }
-    if (suite == "fp8") {  // issue 12: TW_COMPUTE_FP8_WEIGHTS next to DEFAULT, dense and the gate GEMM
+    if (suite == "fp8") {  // TW_COMPUTE_FP8_WEIGHTS next to DEFAULT, dense and the gate GEMM
         register_group(paper, "uniform-29", {1, 8, 64, 512, 4096, 16384, 65536}, false, false, 1);
         for (const char *prof : {"heavy-29", "llm-29"}) register_group(paper, prof, {16384}, false, false);
         return;
@@ -128,7 +128,7 @@ void register_suite(const std::string &suite) {
         return;
     }
     if (suite == "train-eager") {
-        // issue 13: the layers of examples/pytorch/train_sparse_lm.py (d_model 512 and 1024, d_ff
+        // the layers of examples/pytorch/train_sparse_lm.py (d_model 512 and 1024, d_ff
         // 4 d_model) at the tokens a GPU takes there and the sparsity training reaches (~6 active
         // units), graph-replayed and eager: how much of a small layer's step is host time
         for (const Shape s : {Shape{512, 2048}, Shape{1024, 4096}}) register_train_eager(s, "uniform-6", {8192, 16384});

@@ -44,7 +44,7 @@ std::shared_ptr<Problem> problem(Shape s, const std::string &profile, int64_t ma
     spec.hidden_dim = s.h;
     spec.seed = 2026;
     // "PROFILE+hot-N": N units (spread over H) fire on about every token, their gate rows negated
-    // (a trained model's busiest units: the PyTorch runs of issue 13 had a few a layer)
+    // (a trained model's busiest units: the PyTorch example's runs had a few a layer)
     const size_t plus = profile.find("+hot-");
     const int64_t hot = plus == std::string::npos ? 0 : std::stoll(profile.substr(plus + 5));
     if (!tt::parse_profile(profile.substr(0, plus), &spec.profile, &spec.active_units) || hot < 0 || hot > s.h)
