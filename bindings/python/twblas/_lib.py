@@ -6,6 +6,7 @@ library's own message.
 """
 
 import ctypes
+import glob
 import os
 from ctypes import POINTER, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_void_p
 
@@ -49,8 +50,14 @@ class FfnStats(ctypes.Structure):
 
 def _library_path():
     # TWBLAS_LIBRARY points at another build of libtwblas (development); by default the copy
-    # that `pip install` put beside this file
-    return os.environ.get("TWBLAS_LIBRARY") or os.path.join(os.path.dirname(__file__), "libtwblas.so")
+    # that `pip install` put beside this file, named by its SONAME (libtwblas.so.<major>: the op
+    # library of twblas.torch needs that name, and finds it through its RPATH)
+    env = os.environ.get("TWBLAS_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(__file__)
+    found = sorted(glob.glob(os.path.join(here, "libtwblas.so.*")))
+    return found[0] if found else os.path.join(here, "libtwblas.so")
 
 
 def _declare(lib):
