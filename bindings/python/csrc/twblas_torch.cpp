@@ -5,6 +5,7 @@
 //       what an eager call runs (CompositeImplicitAutograd): training = grad mode and an input
 //       that requires grad; then ffn_forward through the dispatcher
 //   twblas::ffn_forward(x, w_gate?, w_up, w_down, training, save_dense) -> (y, l1, saved)
+//       saved: the C API's saved state when training (always when autograd records the call)
 //       CPU and CUDA kernels; its autograd (a torch::autograd::Function) is registered for the
 //       Autograd key and calls ffn_backward
 //   twblas::ffn_backward(x, w_gate?, w_up, w_down, saved, dy, dl1) -> (dx, dw_gate, dw_up, dw_down)
@@ -631,7 +632,8 @@ std::tuple<Tensor, Tensor, Tensor> ffn_forward_autograd(const Tensor& x, const O
         at::AutoDispatchBelowADInplaceOrView below;  // nothing to record
         return forward_op().call(x, w_gate, w_up, w_down, training, save_dense);
     }
-    auto out = FfnFunction::apply(x, w_gate, w_up, w_down, training, save_dense);
+    // recorded for a backward: that needs the saved state, whatever `training` says
+    auto out = FfnFunction::apply(x, w_gate, w_up, w_down, true, save_dense);
     return {out[0], out[1], out[2]};
 }
 

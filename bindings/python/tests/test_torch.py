@@ -7,6 +7,7 @@ built with the CUDA backend.
 import pytest
 import torch
 
+import twblas.torch as twblas_torch
 from twblas.torch import SparseMLP, sparse_ffn
 
 
@@ -235,26 +236,22 @@ def test_weights_followed_after_optimizer_step(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_backward_on_another_thread_uses_the_forwards_descriptor(device, monkeypatch):
+def test_backward_on_another_thread_uses_the_forwards_descriptor(device):
     # autograd runs a CUDA backward on a thread of its own: it must find the forward's FFN
     # descriptor (which knows what the forward did), not make one of its own
     import threading
 
-    import twblas.torch as T
-
-    made = []
-    init = T._Ffn.__init__
-    monkeypatch.setattr(T._Ffn, "__init__", lambda self, *a: (made.append(self), init(self, *a))[1])
     torch.manual_seed(5)
     dense = DenseMLP(16, 48, True, device=device)
     sparse = SparseMLP.from_dense(dense)
     x = torch.randn(9, 16, device=device, requires_grad=True)
     out = {}
+    made = torch.ops.twblas._cache_info()[1]
     thread = threading.Thread(target=lambda: out.update(y=sparse(x)))
     thread.start()
     thread.join()
     out["y"].sum().backward()  # on this thread
-    assert len(made) == 1
+    assert torch.ops.twblas._cache_info()[1] == made + 1
     xr = x.detach().clone().requires_grad_(True)
     dense(xr)[0].sum().backward()
     assert _rel(x.grad, xr.grad) < 1e-5
@@ -311,3 +308,207 @@ def test_c_library_message_reaches_python():
     d = ctypes.c_void_p()
     with pytest.raises(ValueError, match="TW_STATUS_INVALID_VALUE: .+"):
         C.check(C.lib().twCreateDnMat(ctypes.byref(d), -1, 2, 2, None, C.R_32F, C.ORDER_ROW), None, "twCreateDnMat")
+
+
+# ---------------------------------------------------------------------------------------------
+# the compiled ops (libtwblas_torch.so)
+
+
+def _problem(gated, d=24, h=40, m=5, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    t = [torch.randn(m, d, generator=g), torch.randn(h, d, generator=g) if gated else None,
+         torch.randn(h, d, generator=g), torch.randn(d, h, generator=g)]
+    return [a.requires_grad_(grad) if a is not None else None for a in t]
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_opcheck_ffn_forward_and_backward(gated):
+    x, wg, wu, wd = _problem(gated)
+    wd_in_place = torch.empty_strided(wd.shape, (1, wd.shape[0])).copy_(wd)
+    # ffn_forward's saved state has bytes its forward never writes (they differ run to run), so
+    # its eager and traced outputs cannot be compared bitwise: opcheck's AOT test runs on
+    # sparse_ffn below, which decomposes into ffn_forward (forward and backward)
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    for w_down in (wd, wd_in_place):
+        for training in (False, True):
+            torch.library.opcheck(torch.ops.twblas.ffn_forward.default, (x, wg, wu, w_down, training, False),
+                                  test_utils=utils)
+        y, l1, saved = torch.ops.twblas.ffn_forward(x, wg, wu, w_down, True, False)
+        torch.library.opcheck(torch.ops.twblas.ffn_backward.default,
+                              (x, wg, wu, w_down, saved, torch.randn_like(y), torch.tensor(0.3)))
+        args = [a.detach().requires_grad_(True) if a is not None else None for a in (x, wg, wu, w_down)]
+        torch.library.opcheck(torch.ops.twblas.sparse_ffn.default, (*args, False))
+
+
+def test_down_weight_layouts_give_the_same_results_and_gradients():
+    # w_down (D, H) contiguous (the library copies it) and with strides (1, D) (read in place on
+    # CUDA): the same values, the same results; the gradient comes in the weight's own layout
+    torch.manual_seed(11)
+    dense = DenseMLP(32, 80, True)
+    x = torch.randn(7, 32)
+    runs = []
+    for relayout in (False, True):
+        wg, wu, wd = (w.detach().clone().requires_grad_(True) for w in _weights(dense))
+        if relayout:
+            twblas_torch.down_weight_in_place_layout(wd)
+            assert wd.stride() == (1, 32) and wd.shape == (32, 80)
+        else:
+            assert wd.is_contiguous()
+        xs = x.clone().requires_grad_(True)
+        y, l1 = sparse_ffn(xs, wg, wu, wd)
+        (y.square().sum() + 0.2 * l1).backward()
+        assert wd.grad.stride() == wd.stride()
+        runs.append([y, l1, xs.grad, wg.grad, wu.grad, wd.grad])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    yr, l1r = dense(x)
+    assert _rel(runs[0][0], yr) < 1e-5
+
+
+def test_sparse_mlp_keeps_down_weight_in_place_layout():
+    mlp = SparseMLP(24, 72)
+    w = mlp.down_proj.weight
+    assert isinstance(w, torch.nn.Parameter) and w.shape == (24, 72) and w.stride() == (1, 24)
+    # a LLaMA-style state_dict (contiguous tensors) loads into it and keeps the layout
+    dense = DenseMLP(24, 72, True)
+    mlp.load_state_dict(dense.state_dict())
+    assert mlp.down_proj.weight is w and w.stride() == (1, 24)
+    assert torch.equal(w, dense.down_proj.weight)
+    # the helper: same object, same values, nothing to do a second time
+    p = torch.nn.Parameter(torch.randn(6, 10))
+    before, ptr = p.detach().clone(), None
+    assert twblas_torch.down_weight_in_place_layout(p) is p
+    assert p.stride() == (1, 6) and torch.equal(p, before) and isinstance(p, torch.nn.Parameter)
+    ptr = p.data_ptr()
+    twblas_torch.down_weight_in_place_layout(p)
+    assert p.data_ptr() == ptr
+    with pytest.raises(ValueError):
+        twblas_torch.down_weight_in_place_layout(torch.randn(3))
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_from_dense_shares_parameters(gated):
+    torch.manual_seed(12)
+    dense = DenseMLP(16, 48, gated)
+    ptrs = {n: p.data_ptr() for n, p in dense.named_parameters() if n != "down_proj.weight"}
+    values = {n: p.detach().clone() for n, p in dense.named_parameters()}
+    mlp = SparseMLP.from_dense(dense)
+    pairs = [("up_proj", mlp.up_proj, dense.up_proj), ("down_proj", mlp.down_proj, dense.down_proj)]
+    if gated:
+        pairs.append(("gate_proj", mlp.gate_proj, dense.gate_proj))
+    for name, a, b in pairs:
+        assert a.weight is b.weight and a.weight.data_ptr() == b.weight.data_ptr()
+        assert isinstance(a.weight, torch.nn.Parameter)
+        if name != "down_proj":
+            assert a.weight.data_ptr() == ptrs[f"{name}.weight"]
+        assert torch.equal(a.weight, values[f"{name}.weight"])
+    assert mlp.down_proj.weight.stride() == (1, 16)
+    assert len(list(mlp.parameters())) == len(list(dense.parameters()))
+    # the dense module computes as before with the re-laid weight; both see a step of one
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        assert _rel(mlp(x), dense(x)[0]) < 1e-5
+        mlp.up_proj.weight.mul_(0.5)
+        assert _rel(mlp(x), dense(x)[0]) < 1e-5
+    # a state_dict round trip: out to a plain dense module and back into a fresh SparseMLP
+    sd = mlp.state_dict()
+    assert set(sd) == {n for n, _ in dense.named_parameters()}
+    twin = DenseMLP(16, 48, gated)
+    twin.load_state_dict(sd)
+    back = SparseMLP(16, 48, gated=gated)
+    back.load_state_dict(twin.state_dict())
+    assert back.down_proj.weight.stride() == (1, 16)
+    with torch.no_grad():
+        assert torch.equal(back(x), mlp(x))
+
+
+def test_new_weights_at_the_address_of_freed_ones():
+    # the descriptor cache is keyed by the weights' memory: other tensors that take the memory of
+    # freed weights must get a descriptor of their own (their values, not the old copy's)
+    torch.manual_seed(13)
+    x = torch.randn(4, 16)
+    for seed in range(4):
+        dense = DenseMLP(16, 32, True)
+        with torch.no_grad():
+            for p in dense.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
+            y, _ = sparse_ffn(x, *_weights(dense))
+            assert _rel(y, dense(x)[0]) < 1e-5
+        del dense, y
+
+
+def test_in_place_weight_update_without_optimizer():
+    torch.manual_seed(14)
+    dense = DenseMLP(16, 32, True)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        sparse_ffn(x, *_weights(dense))
+        for p in dense.parameters():
+            p.mul_(-1.5)  # a version change: the library's copy (CPU backend) is refreshed
+        assert _rel(sparse_ffn(x, *_weights(dense))[0], dense(x)[0]) < 1e-5
+
+
+def test_compile_inductor_fullgraph_forward_and_backward():
+    # the default backend (inductor, CPU): the ops' fake kernels, the C++ autograd traced into the
+    # joint graph, the saved state of dynamic length between the two graphs
+    torch.manual_seed(15)
+    mlp = SparseMLP(16, 40)
+    ref = SparseMLP(16, 40)
+    ref.load_state_dict(mlp.state_dict())
+
+    def step(m, x):
+        y = m(x)
+        return y.square().mean() + 1e-2 * m.l1
+
+    compiled = torch.compile(step, fullgraph=True)
+    for shape in ((2, 5, 16), (3, 16)):
+        x = torch.randn(*shape)
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        loss = compiled(mlp, xa)
+        loss.backward()
+        want = step(ref, xb)
+        want.backward()
+        assert abs(loss.item() - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
+        assert _rel(xa.grad, xb.grad) < 1e-5
+        for p, q in zip(mlp.parameters(), ref.parameters()):
+            assert p.grad.stride() == q.grad.stride()
+            assert _rel(p.grad, q.grad) < 1e-5
+            p.grad = q.grad = None
+
+
+def test_c_library_errors_through_the_ops():
+    # errors the C library finds come through the op with its status and message
+    import re
+
+    w = torch.randn(12, 8)
+    wd = torch.randn(8, 12)
+    y, l1, saved = torch.ops.twblas.ffn_forward(torch.randn(3, 8), None, w, wd, True, False)
+    with pytest.raises(RuntimeError, match="without gradients enabled"):
+        torch.ops.twblas.ffn_backward(torch.randn(3, 8), None, w, wd, saved[:0], y, torch.tensor(0.0))
+    with pytest.raises(ValueError, match="l1's gradient"):
+        torch.ops.twblas.ffn_backward(torch.randn(3, 8), None, w, wd, saved, y, torch.zeros(2))
+    # a saved state the CPU backend cannot have written: INVALID_VALUE, with the library's words
+    bad = torch.full_like(saved, 255)
+    with pytest.raises(ValueError, match=re.escape("twSpGEMMFusedBackward") + ".*TW_STATUS_INVALID_VALUE: .+"):
+        torch.ops.twblas.ffn_backward(torch.randn(3, 8), None, w, wd, bad, y, torch.tensor(0.0))
+
+
+def test_version_and_exports():
+    import twblas
+
+    assert twblas.__version__ == twblas.version()
+    assert callable(twblas_torch.sparsify) and "sparsify" in twblas_torch.__all__
+    assert {"sparse_ffn", "SparseMLP", "down_weight_in_place_layout"} <= set(twblas_torch.__all__)
+
+
+def test_import_error_says_how_to_reinstall(tmp_path):
+    # a package built without torch (no op library): importing twblas.torch says what to do
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TWBLAS_TORCH_LIBRARY=str(tmp_path / "missing.so"))
+    code = "import twblas.torch"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "ImportError" in r.stderr and "pip install --no-build-isolation" in r.stderr
