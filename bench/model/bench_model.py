@@ -1,0 +1,787 @@
+#!/usr/bin/env python3
+"""Whole-model benchmark: Hugging Face transformers Llama at the paper's shapes, dense against the
+same model after twblas.torch.sparsify(), one process, same inputs.
+
+The paper's method: the model body without the LM head (LlamaModel), random token ids, warm-up,
+then CUDA events around the timed loop. Modes
+  prefill       batch x seq tokens in one forward (use_cache=False)
+  decode-eager  one token per sequence and step on a DynamicCache after a ctx-token prefill
+  decode-graph  the same step on a StaticCache, captured once in a torch.cuda.CUDAGraph and
+                replayed (new token ids read by the graph itself; the cache advances on device)
+  train         LlamaForCausalLM forward (labels = ids), backward, AdamW step (twblas adds the
+                paper's L1 term, --l1-coeff, from the kernels' l1)
+Per point: ms (mean per forward / step), tokens_per_s, peak_gib (max_memory_allocated, reset per
+point), j_per_token (NVML energy counter over the timed loop; power sampled on a thread as well),
+ffn_ms (CUDA events around the MLP modules, forward hooks; in train the MLPs' backward too,
+through autograd marks; measured in separate iterations so the hooks do not touch the timed
+loop), active_units (gate > 0 per token per layer: hooks on the dense gate_proj, or
+SparseMLP.stats()).
+
+Sparsity is planted in the real model (README.md): a bias channel of the residual stream and a
+calibrated negative gate component, about --active-units (29) of d_ff units per token per layer.
+
+    python3 bench/model/bench_model.py --quick                 # 2B only, < 4 min on an H200
+    python3 bench/model/bench_model.py --models 0.5b,1b --append
+    python3 bench/model/bench_model.py --tiny --device cpu     # the script end to end (numbers meaningless)
+    python3 bench/model/report.py bench/results/h200-model.json
+
+Results: bench/results/<gpu>-model.json (written after every point; --append keeps the records of
+other models already in the file).
+"""
+
+import argparse
+import contextlib
+import datetime
+import gc
+import inspect
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+import traceback
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# the paper's models (SakanaAI SparseLM 0.5B / 1B / 1.5B / 2B: D 2048, H 5632, 32 heads of 64,
+# no GQA, vocab 49152, tied embeddings) and Llama-3-8B's shape at a few layers
+MODELS = {
+    "0.5b": dict(layers=8, d=2048, h=5632, heads=32, kv=32, vocab=49152, rope=10000.0),
+    "1b": dict(layers=18, d=2048, h=5632, heads=32, kv=32, vocab=49152, rope=10000.0),
+    "1.5b": dict(layers=28, d=2048, h=5632, heads=32, kv=32, vocab=49152, rope=10000.0),
+    "2b": dict(layers=38, d=2048, h=5632, heads=32, kv=32, vocab=49152, rope=10000.0),
+    "llama3-8b": dict(layers=4, d=4096, h=14336, heads=32, kv=8, vocab=128256, rope=500000.0),
+    "tiny": dict(layers=2, d=64, h=176, heads=4, kv=4, vocab=128, rope=10000.0),
+}
+MODES = ("prefill", "decode-eager", "decode-graph", "train")
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers across 5.x: the cache keyword and cache_position
+
+
+def _forward_params():
+    from transformers import LlamaModel
+
+    return inspect.signature(LlamaModel.forward).parameters
+
+
+def cache_kwargs(cache, cache_position=None):
+    params = _forward_params()
+    kw = {("cache" if "cache" in params else "past_key_values"): cache, "use_cache": True}
+    if cache_position is not None and "cache_position" in params:
+        kw["cache_position"] = cache_position
+    return kw
+
+
+def needs_cache_position():
+    return "cache_position" in _forward_params()
+
+
+def make_static_cache(config, batch, max_len, device, dtype):
+    from transformers import StaticCache
+
+    try:
+        return StaticCache(config=config, max_cache_len=max_len)
+    except TypeError:  # older signatures
+        return StaticCache(config=config, max_batch_size=batch, max_cache_len=max_len, device=device, dtype=dtype)
+
+
+def make_dynamic_cache(config):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=config)
+    except TypeError:
+        return DynamicCache()
+
+
+# ---------------------------------------------------------------------------------------------
+# the model and its planted sparsity
+
+
+def build_model(spec, device, dtype, seed, seq_max):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=spec["d"], intermediate_size=spec["h"], num_hidden_layers=spec["layers"],
+                      num_attention_heads=spec["heads"], num_key_value_heads=spec["kv"], vocab_size=spec["vocab"],
+                      hidden_act="relu", max_position_embeddings=max(4096, seq_max), tie_word_embeddings=True,
+                      rms_norm_eps=1e-5, attention_bias=False, mlp_bias=False, use_cache=False)
+    try:
+        cfg.rope_parameters = {"rope_type": "default", "rope_theta": spec["rope"]}
+    except Exception:  # noqa: BLE001
+        cfg.rope_theta = spec["rope"]
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        try:
+            model = LlamaForCausalLM._from_config(cfg, dtype=dtype)
+        except TypeError:
+            model = LlamaForCausalLM._from_config(cfg, torch_dtype=dtype)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+@torch.no_grad()
+def plant_sparsity(model, k, calib_ids, channel=0, value=1.0):
+    """A bias channel in the residual stream and a calibrated negative gate component (README.md).
+
+    Dimension `channel` of every token embedding is set to `value`; nothing reads it but the gates
+    (its columns of q/k/v/up are zero) and nothing writes it (its rows of o_proj and down_proj are
+    zero), so it stays `value` through every layer and the RMSNorm turns it into value * weight /
+    rms(x_t) at each MLP's input. Gate row j gets -b_l in that column: unit j of layer l fires iff
+    z_tj > b_l * n_tc (z the gate's pre-activation without the channel). b_l is chosen per layer,
+    from one forward over calib_ids with the layers before already planted, so that k units fire
+    per token on average. Returns the thresholds."""
+    base = model.model
+    emb = base.embed_tokens.weight
+    emb[:, channel] = value
+    for layer in base.layers:
+        a, m = layer.self_attn, layer.mlp
+        for lin in (a.q_proj, a.k_proj, a.v_proj, m.up_proj, m.gate_proj):
+            lin.weight[:, channel] = 0
+        a.o_proj.weight[channel, :] = 0
+        m.down_proj.weight[channel, :] = 0
+    thresholds = []
+
+    def hook(mlp, args):
+        x = args[0].reshape(-1, args[0].shape[-1]).float()
+        w = mlp.gate_proj.weight
+        n_c = x[:, channel:channel + 1]
+        r = (x @ w.float().t()) / n_c  # the channel's column is still 0 here
+        total = max(1, min(r.numel() - 1, int(round(k * x.shape[0]))))
+        top = torch.topk(r.flatten(), total + 1).values
+        b = 0.5 * (top[-2] + top[-1])  # between the total-th and the next value
+        w[:, channel] = -b.to(w.dtype)
+        thresholds.append(float(b))
+
+    handles = [layer.mlp.register_forward_pre_hook(hook) for layer in base.layers]
+    try:
+        base(input_ids=calib_ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return thresholds
+
+
+class ActiveCounter:
+    """Active units per token per layer of the dense model (gate_proj output > 0)."""
+
+    def __init__(self, model):
+        self.sums, self.tokens, self.handles = {}, {}, []
+        for i, layer in enumerate(model.model.layers):
+            gate = getattr(layer.mlp, "gate_proj", None)
+            self.handles.append(gate.register_forward_hook(self._hook(i)))
+
+    def _hook(self, i):
+        def f(mod, args, out):
+            o = out.detach().reshape(-1, out.shape[-1])
+            self.sums[i] = self.sums.get(i, 0) + (o > 0).sum().item()
+            self.tokens[i] = self.tokens.get(i, 0) + o.shape[0]
+        return f
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+    def per_layer(self):
+        return [self.sums[i] / max(1, self.tokens[i]) for i in sorted(self.sums)]
+
+
+def sparse_active(model):
+    out = []
+    for layer in model.model.layers:
+        st = getattr(layer.mlp, "stats", None)
+        out.append(st()["mean_active"] if st is not None else float("nan"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# clocks, FFN timing, energy
+
+
+class Clock:
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def ms(self, a, b):
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+
+class _Mark(torch.autograd.Function):
+    """Identity; its backward calls `fn` (a mark on the stream where the gradient arrives)."""
+
+    @staticmethod
+    def forward(ctx, t, fn):
+        ctx.fn = fn
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.fn()
+        return g, None
+
+
+class FfnTimer:
+    """Marks around every MLP module's forward (and, with backward=True, around its backward: the
+    gradient reaching its output, then its input); total_ms() sums their spans."""
+
+    def __init__(self, mlps, clock, backward=False):
+        self.clock, self.backward = clock, backward
+        self.spans, self.handles, self._start, self._bstart = [], [], None, None
+        for m in mlps:
+            self.handles.append(m.register_forward_pre_hook(self._pre))
+            self.handles.append(m.register_forward_hook(self._post))
+
+    def _pre(self, mod, args):
+        self._start = self.clock.mark()
+        x = args[0]
+        if self.backward and torch.is_grad_enabled() and x.requires_grad:
+            return (_Mark.apply(x, self._bwd_end),) + tuple(args[1:])
+        return None
+
+    def _post(self, mod, args, out):
+        self.spans.append((self._start, self.clock.mark()))
+        if self.backward and torch.is_grad_enabled() and isinstance(out, torch.Tensor) and out.requires_grad:
+            return _Mark.apply(out, self._bwd_start)
+        return None
+
+    def _bwd_start(self):
+        self._bstart = self.clock.mark()
+
+    def _bwd_end(self):
+        if self._bstart is not None:
+            self.spans.append((self._bstart, self.clock.mark()))
+            self._bstart = None
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+    def total_ms(self):
+        self.clock.sync()
+        return sum(self.clock.ms(a, b) for a, b in self.spans)
+
+
+class Energy:
+    """NVML board energy over a span: the total-energy counter where the GPU has one, and board
+    power sampled on a thread (every `period` s) and integrated."""
+
+    def __init__(self, device, period=0.01):
+        self.ok, self.period = False, period
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nv = pynvml
+            self.h = self._handle(device)
+            self.ok = True
+        except Exception as e:  # noqa: BLE001
+            log(f"  (energy: NVML unavailable: {e})")
+            return
+        try:
+            self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h)
+            self.counter = True
+        except Exception:  # noqa: BLE001
+            self.counter = False
+
+    def _handle(self, device):
+        nv, idx = self.nv, device.index if device.index is not None else torch.cuda.current_device()
+        p = torch.cuda.get_device_properties(idx)
+        try:
+            bus = f"{getattr(p, 'pci_domain_id', 0):08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+            return nv.nvmlDeviceGetHandleByPciBusId(bus)
+        except Exception:  # noqa: BLE001
+            vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            ids = [v for v in vis.split(",") if v.strip()]
+            if ids and all(v.strip().isdigit() for v in ids):
+                idx = int(ids[idx])
+            return nv.nvmlDeviceGetHandleByIndex(idx)
+
+    def start(self):
+        if not self.ok:
+            return
+        self.samples, self.stop_flag = [], threading.Event()
+        self.e0 = self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h) if self.counter else None
+        self.t0 = time.perf_counter()
+
+        def run():
+            while not self.stop_flag.is_set():
+                try:
+                    self.samples.append((time.perf_counter(), self.nv.nvmlDeviceGetPowerUsage(self.h) / 1e3))
+                except Exception:  # noqa: BLE001
+                    pass
+                self.stop_flag.wait(self.period)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        """(joules from the counter or None, joules integrated from samples or None, mean W)"""
+        if not self.ok:
+            return None, None, None
+        t1 = time.perf_counter()
+        e1 = self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h) if self.counter else None
+        self.stop_flag.set()
+        self.thread.join()
+        s = self.samples
+        integ = None
+        if len(s) >= 2:
+            integ = sum(0.5 * (s[i][1] + s[i + 1][1]) * (s[i + 1][0] - s[i][0]) for i in range(len(s) - 1))
+            # the ends: held at the first / last sample
+            integ += s[0][1] * (s[0][0] - self.t0) + s[-1][1] * (t1 - s[-1][0])
+        counter = (e1 - self.e0) / 1e3 if self.counter else None
+        joules = counter if counter is not None else integ
+        watts = joules / (t1 - self.t0) if joules is not None and t1 > self.t0 else None
+        return counter, integ, watts
+
+
+# ---------------------------------------------------------------------------------------------
+# one point: warm-up, iteration count from the warm-up's time, the timed loop with energy
+
+
+def timed_loop(fn, clock, energy, warmup, iters, min_s, max_iters):
+    t_one = None
+    for _ in range(max(1, warmup)):
+        clock.sync()
+        t0 = time.perf_counter()
+        fn()
+        clock.sync()
+        t_one = time.perf_counter() - t0
+    n = max(iters, min(max_iters, int(math.ceil(min_s / max(t_one, 1e-6)))))
+    marks = []
+    clock.sync()
+    energy.start()
+    marks.append(clock.mark())
+    for _ in range(n):
+        fn()
+        marks.append(clock.mark())
+    clock.sync()
+    counter, integ, watts = energy.stop()
+    per = sorted(clock.ms(marks[i], marks[i + 1]) for i in range(n))
+    total = clock.ms(marks[0], marks[-1])
+    return {"ms": total / n, "ms_median": per[n // 2], "ms_min": per[0], "iters": n,
+            "_j_counter": counter, "_j_sampled": integ, "avg_power_w": watts}
+
+
+def finish(rec, t, tokens_per_iter):
+    ms = t.pop("ms")
+    rec.update(ms=ms, tokens_per_s=tokens_per_iter / ms * 1e3)
+    rec.update({k: v for k, v in t.items() if not k.startswith("_")})
+    n = t["iters"] * tokens_per_iter
+    rec["j_per_token"] = (t["_j_counter"] if t["_j_counter"] is not None else t["_j_sampled"])
+    rec["j_per_token"] = rec["j_per_token"] / n if rec["j_per_token"] is not None else None
+    rec["j_per_token_sampled"] = t["_j_sampled"] / n if t["_j_sampled"] is not None else None
+    return rec
+
+
+def peak_reset(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_gib(device):
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return None
+
+
+def free(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def gen_ids(shape, vocab, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, shape, generator=g).to(device)
+
+
+def mlps_of(model):
+    return [layer.mlp for layer in model.model.layers]
+
+
+def active_after(model, variant, fn):
+    """Active units per token per layer over one more call of fn."""
+    if variant == "dense":
+        c = ActiveCounter(model)
+        try:
+            fn()
+        finally:
+            c.remove()
+        return c.per_layer()
+    fn()
+    return sparse_active(model)
+
+
+# ---------------------------------------------------------------------------------------------
+# the modes
+
+
+def run_prefill(ctx, model, variant, batch, seq):
+    base, clock = model.model, ctx.clock
+    ids = gen_ids((batch, seq), ctx.vocab, 1000 + batch, ctx.device)
+
+    def fn():
+        with torch.inference_mode():
+            base(input_ids=ids, use_cache=False)
+
+    t = timed_loop(fn, clock, ctx.energy, ctx.it["prefill_warmup"], ctx.it["prefill_iters"], ctx.it["min_s"], 1000)
+    rec = {"peak_gib": peak_gib(ctx.device)}
+    ffn = FfnTimer(mlps_of(model), clock)
+    try:
+        fn()
+        rec["ffn_ms"] = ffn.total_ms()
+    finally:
+        ffn.remove()
+    sub = ids[:min(batch, 4)]
+    with torch.inference_mode():
+        rec["active_per_layer"] = active_after(model, variant, lambda: base(input_ids=sub, use_cache=False))
+    rec.update(finish({}, t, batch * seq))
+    return rec
+
+
+def run_decode_eager(ctx, model, variant, batch, seq):
+    base, clock, dc = model.model, ctx.clock, ctx.decode_ctx
+    steps_max = ctx.it["decode_max"] + ctx.it["decode_warmup"] + 8
+    ids = gen_ids((batch, dc), ctx.vocab, 2000 + batch, ctx.device)
+    step_ids = gen_ids((steps_max, batch, 1), ctx.vocab, 3000 + batch, ctx.device)
+    state = {"i": 0}
+    with torch.inference_mode():
+        cache = make_dynamic_cache(model.config)
+        base(input_ids=ids, **cache_kwargs(cache))
+
+    def fn():
+        i = state["i"]
+        state["i"] += 1
+        with torch.inference_mode():
+            base(input_ids=step_ids[i], **cache_kwargs(cache))
+
+    t = timed_loop(fn, clock, ctx.energy, ctx.it["decode_warmup"], ctx.it["decode_iters"], ctx.it["min_s"],
+                   ctx.it["decode_max"])
+    rec = {"peak_gib": peak_gib(ctx.device)}
+    ffn = FfnTimer(mlps_of(model), clock)
+    try:
+        for _ in range(3):
+            fn()
+        rec["ffn_ms"] = ffn.total_ms() / 3
+    finally:
+        ffn.remove()
+    rec["active_per_layer"] = active_after(model, variant, fn)
+    rec.update(finish({}, t, batch))
+    rec["ctx"] = dc
+    return rec
+
+
+def run_decode_graph(ctx, model, variant, batch, seq):
+    if ctx.device.type != "cuda":
+        raise RuntimeError("CUDA graphs need a CUDA device")
+    base, clock, dc = model.model, ctx.clock, ctx.decode_ctx
+    warm = 3
+    n_max = ctx.it["graph_max"]
+    max_len = dc + warm + n_max + 8
+    ids = gen_ids((batch, dc), ctx.vocab, 2000 + batch, ctx.device)
+    step_ids = gen_ids((max_len, batch), ctx.vocab, 3000 + batch, ctx.device)
+    step_idx = torch.zeros(1, dtype=torch.long, device=ctx.device)
+    pos = torch.full((1,), dc, dtype=torch.long, device=ctx.device) if needs_cache_position() else None
+    cache = make_static_cache(model.config, batch, max_len, ctx.device, ctx.dtype)
+    with torch.inference_mode():
+        prefill_pos = torch.arange(dc, device=ctx.device) if pos is not None else None
+        base(input_ids=ids, **cache_kwargs(cache, prefill_pos))
+
+    def step():
+        tok = step_ids.index_select(0, step_idx).view(batch, 1)
+        out = base(input_ids=tok, **cache_kwargs(cache, pos)).last_hidden_state
+        step_idx.add_(1)
+        if pos is not None:
+            pos.add_(1)
+        return out
+
+    with torch.inference_mode():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(warm):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+    torch.cuda.synchronize()
+    replays = {"n": 0}
+
+    def fn():
+        replays["n"] += 1
+        if replays["n"] > n_max + 2:
+            raise RuntimeError("static cache full")
+        graph.replay()
+
+    t = timed_loop(fn, clock, ctx.energy, 2, ctx.it["graph_iters"], ctx.it["min_s"], n_max)
+    rec = {"peak_gib": peak_gib(ctx.device), "ffn_ms": None}
+    with torch.inference_mode():
+        rec["active_per_layer"] = active_after(model, variant, step)  # one eager step
+    rec.update(finish({}, t, batch))
+    rec["ctx"] = dc
+    del graph, cache
+    return rec
+
+
+def run_train(ctx, model, variant, batch, seq):
+    clock = ctx.clock
+    ids = gen_ids((batch, seq), ctx.vocab, 4000 + batch, ctx.device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=ctx.args.train_lr, fused=ctx.device.type == "cuda")
+    mlps = mlps_of(model)
+    coeff = ctx.args.l1_coeff if variant == "twblas" else 0.0
+
+    def fn():
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        if coeff:
+            loss = loss + coeff * torch.stack([m.l1 for m in mlps]).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    try:
+        t = timed_loop(fn, clock, ctx.energy, ctx.it["train_warmup"], ctx.it["train_iters"], ctx.it["min_s"], 50)
+        rec = {"peak_gib": peak_gib(ctx.device)}
+        ffn = FfnTimer(mlps, clock, backward=True)
+        try:
+            fn()
+            rec["ffn_ms"] = ffn.total_ms()
+        finally:
+            ffn.remove()
+        rec["active_per_layer"] = active_after(model, variant, fn)
+    finally:
+        model.eval()
+        del opt
+        model.zero_grad(set_to_none=True)
+    rec.update(finish({}, t, batch * seq))
+    rec["l1_coeff"] = coeff
+    return rec
+
+
+RUNNERS = {"prefill": run_prefill, "decode-eager": run_decode_eager, "decode-graph": run_decode_graph,
+           "train": run_train}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Ctx:
+    pass
+
+
+def gpu_tag(device):
+    if device.type != "cuda":
+        return "cpu", "cpu"
+    name = torch.cuda.get_device_name(device)
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Za-z]*)\b", name.replace("NVIDIA", ""))
+    return (m.group(1).lower() if m else re.sub(r"\W+", "-", name.lower()).strip("-")), name
+
+
+def write_json(path, doc):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
+def points_for(args, model_name, modes):
+    pts = []
+    for mode in modes:
+        if mode == "prefill":
+            pts += [(mode, b, args.seq) for b in args.batches]
+        elif mode == "decode-graph" and args.device.startswith("cpu"):
+            log("  (decode-graph skipped: CUDA graphs need a CUDA device)")
+        elif mode in ("decode-eager", "decode-graph"):
+            pts += [(mode, b, 1) for b in args.decode_batches]
+        elif mode == "train" and model_name in args.train_models:
+            pts.append((mode, args.train_batch, args.seq))
+    return pts
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="2B only, fewer iterations (< 4 min on an H200)")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model (D 64, H 176, 2 layers) to check the script")
+    ap.add_argument("--models", default=None,
+                    help="comma list of " + ",".join(MODELS) + " (default: 0.5b,1b,1.5b,2b,llama3-8b; --quick: 2b)")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--variants", default="dense,twblas")
+    ap.add_argument("--batches", default=None, help="prefill batches (default 1,8,64)")
+    ap.add_argument("--decode-batches", default=None, help="decode batches (default 1,8,64)")
+    ap.add_argument("--seq", type=int, default=None, help="prefill and training sequence length (2048)")
+    ap.add_argument("--decode-ctx", type=int, default=None, help="tokens prefilled before decoding (512)")
+    ap.add_argument("--train-batch", type=int, default=None, help="training sequences a step (8: 16k tokens)")
+    ap.add_argument("--train-models", default="2b,tiny", help="models the train mode runs on")
+    ap.add_argument("--train-lr", type=float, default=1e-5)
+    ap.add_argument("--l1-coeff", type=float, default=2e-5, help="the L1 term twblas's training step adds")
+    ap.add_argument("--llama-layers", type=int, default=4, help="layers of the Llama-3-8B-shaped model")
+    ap.add_argument("--active-units", type=float, default=None, help="planted units a token (29; tiny 4)")
+    ap.add_argument("--dtype", default=None, help="bf16 (default), fp16, fp32")
+    ap.add_argument("--min-s", type=float, default=None, help="least seconds per timed loop (energy)")
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/<gpu>-model.json)")
+    ap.add_argument("--append", action="store_true", help="keep the file's records of models not run now")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("no CUDA device: use --device cpu (with --tiny)")
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    dtype = dtypes[args.dtype or ("fp32" if device.type == "cpu" and args.tiny else "bf16")]
+    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    if args.tiny:
+        models = ["tiny"]
+        args.batches, args.decode_batches = ints(args.batches or "1,2"), ints(args.decode_batches or "1,2")
+        args.seq, args.decode_ctx = args.seq or 64, args.decode_ctx or 16
+        args.train_batch = args.train_batch or 2
+        k = args.active_units or 4
+    else:
+        models = (args.models or ("2b" if args.quick else "0.5b,1b,1.5b,2b,llama3-8b")).split(",")
+        args.batches, args.decode_batches = ints(args.batches or "1,8,64"), ints(args.decode_batches or "1,8,64")
+        args.seq, args.decode_ctx = args.seq or 2048, args.decode_ctx or 512
+        args.train_batch = args.train_batch or 8
+        k = args.active_units or 29
+    args.train_models = args.train_models.split(",")
+    modes = [m for m in args.modes.split(",") if m]
+    variants = [v for v in args.variants.split(",") if v]
+    for m in models:
+        if m not in MODELS:
+            sys.exit(f"unknown model {m}: one of {', '.join(MODELS)}")
+    for m in modes:
+        if m not in MODES:
+            sys.exit(f"unknown mode {m}: one of {', '.join(MODES)}")
+    MODELS["llama3-8b"]["layers"] = args.llama_layers
+
+    quick = args.quick or args.tiny
+    it = {"prefill_warmup": 1 if quick else 2, "prefill_iters": 3 if quick else 10,
+          "decode_warmup": 3, "decode_iters": 20 if quick else 50, "decode_max": 200,
+          "graph_iters": 50 if quick else 200, "graph_max": 400,
+          "train_warmup": 1 if quick else 2, "train_iters": 2 if quick else 5,
+          "min_s": args.min_s if args.min_s is not None else (0.0 if args.tiny else 1.0 if quick else 2.0)}
+
+    import transformers
+    import twblas
+    from twblas import torch as tt
+    sparsify = getattr(tt, "sparsify", None)
+    if sparsify is None:
+        from twblas._sparsify import sparsify
+
+    tag, gpu_name = gpu_tag(device)
+    out = args.out or os.path.join(REPO, "bench", "results", f"{tag}{'-tiny' if args.tiny else ''}-model.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    try:
+        twv = twblas.version()
+    except Exception as e:  # noqa: BLE001
+        twv = f"unknown ({e})"
+    doc = {"gpu": tag, "gpu_name": gpu_name, "torch": torch.__version__, "transformers": transformers.__version__,
+           "twblas": twv, "cuda": torch.version.cuda, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "dtype": str(dtype).replace("torch.", ""), "quick": bool(args.quick), "tiny": bool(args.tiny),
+           "argv": sys.argv[1:], "method": "LlamaModel body (no LM head) for prefill/decode; LlamaForCausalLM "
+           "with labels for train; random token ids; CUDA events; sdpa attention",
+           "planted": {"active_units_target": k, "bias_channel": 0, "bias_value": 1.0}, "records": []}
+    if args.append and os.path.exists(out):
+        with open(out) as f:
+            old = json.load(f)
+        doc["records"] = [r for r in old.get("records", []) if r.get("model") not in models]
+        doc.setdefault("earlier_runs", old.get("earlier_runs", []))
+        doc["earlier_runs"].append({k_: old.get(k_) for k_ in ("date", "argv", "torch", "transformers", "twblas")})
+    log(f"# {gpu_name}, torch {torch.__version__}, transformers {transformers.__version__}, twblas {twv}, "
+        f"{doc['dtype']}; models {models}, modes {modes}, variants {variants} -> {out}")
+
+    ctx = Ctx()
+    ctx.device, ctx.dtype, ctx.args, ctx.it, ctx.decode_ctx = device, dtype, args, it, args.decode_ctx
+    ctx.clock, ctx.energy = Clock(device), Energy(device)
+    t_start = time.perf_counter()
+
+    for name in models:
+        spec = MODELS[name]
+        ctx.vocab = spec["vocab"]
+        pts = points_for(args, name, modes)
+        if not pts:
+            continue
+        t0 = time.perf_counter()
+        model = build_model(spec, device, dtype, args.seed, args.seq)
+        calib = gen_ids((2 if not args.tiny else 4, args.seq), spec["vocab"], 77, device)
+        thresholds = plant_sparsity(model, k, calib)
+        free(device)
+        log(f"\n## {name}: {spec['layers']} layers, D {spec['d']}, H {spec['h']}, vocab {spec['vocab']}; built and "
+            f"planted in {time.perf_counter() - t0:.1f} s (thresholds {thresholds[0]:.4g} .. {thresholds[-1]:.4g}); "
+            f"weights {torch.cuda.memory_allocated(device) / 2**30 if device.type == 'cuda' else 0:.2f} GiB")
+        snapshot = None
+        for vi, variant in enumerate(variants):
+            if variant == "twblas":
+                _, n = sparsify(model, return_count=True)
+                log(f"  sparsify: {n} MLPs replaced")
+            for mode, batch, seq in pts:
+                if mode == "train" and vi + 1 < len(variants) and snapshot is None:
+                    # the optimizer moves the weights: the next variant starts from the same ones
+                    snapshot = [p.detach().clone() for p in model.parameters()]
+                rec = {"model": name, "layers": spec["layers"], "d_model": spec["d"], "d_ff": spec["h"],
+                       "mode": mode, "batch": batch, "seq": seq, "variant": variant}
+                tp = time.perf_counter()
+                peak_reset(device)
+                try:
+                    rec.update(RUNNERS[mode](ctx, model, variant, batch, seq))
+                    apl = rec.pop("active_per_layer")
+                    rec["active_units"] = sum(apl) / len(apl) if apl else None
+                    rec["active_units_per_layer"] = [round(a, 2) for a in apl]
+                    rec["ffn_share"] = rec["ffn_ms"] / rec["ms"] if rec.get("ffn_ms") is not None else None
+                    log(f"  {variant:6s} {mode:12s} b {batch:3d} x {seq:5d}: {rec['ms']:9.3f} ms "
+                        f"(median {rec['ms_median']:.3f}, {rec['iters']} it), {rec['tokens_per_s']:12.1f} tok/s, "
+                        f"peak {rec['peak_gib'] if rec['peak_gib'] is not None else float('nan'):6.2f} GiB, "
+                        f"{rec['j_per_token'] * 1e3 if rec['j_per_token'] is not None else float('nan'):8.4f} mJ/tok, "
+                        f"ffn {rec['ffn_ms'] if rec.get('ffn_ms') is not None else float('nan'):8.3f} ms, "
+                        f"active {rec['active_units']:.1f}  [{time.perf_counter() - tp:.1f} s]")
+                except Exception as e:  # noqa: BLE001
+                    rec["error"] = f"{type(e).__name__}: {e}"
+                    log(f"  {variant:6s} {mode:12s} b {batch:3d} x {seq:5d}: FAILED {rec['error'][:300]}")
+                    traceback.print_exc(file=sys.stdout)
+                    sys.stdout.flush()
+                doc["records"].append(rec)
+                write_json(out, doc)
+                free(device)
+            if snapshot is not None and vi + 1 < len(variants):
+                with torch.no_grad():
+                    for p, s in zip(model.parameters(), snapshot):
+                        p.copy_(s)
+                snapshot = None
+                free(device)
+        del model
+        free(device)
+        log(f"  [{name}: {time.perf_counter() - t0:.1f} s]")
+    doc["seconds"] = round(time.perf_counter() - t_start, 1)
+    write_json(out, doc)
+    log(f"\ndone in {doc['seconds']} s -> {out}")
+
+
+if __name__ == "__main__":
+    main()
