@@ -33,6 +33,22 @@ inline constexpr twBackend_t kBackend = TW_BACKEND_CPU;
 /// Whether the cases run on the CUDA backend (then the CPU reference is their oracle).
 inline constexpr bool kOnCuda = kBackend == TW_BACKEND_CUDA;
 
+/// Where a test puts a weight matrix: `pad` extra elements per row or column (they hold NaN,
+/// which no kernel may read) and `offset` bytes past a 256-byte aligned address.
+struct WeightLayout {
+    int64_t pad = 0;
+    size_t offset = 0;
+};
+
+/// The weight `values` (H x D row-major) as a host matrix of `order` and `layout`, pads NaN.
+inline std::unique_ptr<Dense> weight_matrix(int64_t h, int64_t d, twDataType_t t, twOrder_t order,
+                                            const WeightLayout &layout, const std::vector<float> &values) {
+    auto w = std::make_unique<Dense>(h, d, t, order, layout.pad);
+    w->poison();
+    w->fill(values);
+    return w;
+}
+
 /// Whether a value of `t` (bits as Dense::bits gives them) is non-zero (-0 counts as zero).
 inline bool nonzero_bits(uint32_t bits, twDataType_t t) { return (bits & (t == TW_R_32F ? 0x7fffffffu : 0x7fffu)) != 0; }
 
@@ -61,6 +77,28 @@ class Buffers {
 
     /// `m` as an input on the backend: itself, or a device copy of its current values.
     twDnMatDescr_t input(const Dense &m) { return mirror(m, nullptr); }
+    /// `m` as an input whose first element lies `offset` bytes past a 256-byte aligned address
+    /// (a copy in backend memory, its own descriptor); offset 0 is input(m).
+    twDnMatDescr_t input_at(const Dense &m, size_t offset) {
+        if (offset == 0) return input(m);
+        const size_t bytes = m.storage.size() * 4;
+        char *base = nullptr;
+#if defined(TWTEST_BACKEND_CUDA)
+        if (device_) {
+            base = static_cast<char *>(keep(bytes + offset)->get());
+            twblas::testing::cuda_check(cudaMemcpy(base + offset, m.storage.data(), bytes, cudaMemcpyHostToDevice),
+                                        "cudaMemcpy");
+        }
+#endif
+        if (!base) {
+            base = static_cast<char *>(container_memory(bytes + offset));
+            std::memcpy(base + offset, m.storage.data(), bytes);
+        }
+        twDnMatDescr_t d = nullptr;
+        REQUIRE(twCreateDnMat(&d, m.rows, m.cols, m.ld, base + offset, m.type, m.order) == TW_STATUS_SUCCESS);
+        dense_.push_back(d);
+        return d;
+    }
     /// `m` as an output on the backend: itself, or a device copy that fetch() copies back.
     twDnMatDescr_t output(Dense &m) { return mirror(m, &m); }
 

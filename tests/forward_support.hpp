@@ -20,6 +20,7 @@ struct FfnCase {
     twDataType_t type = TW_R_16BF;
     twComputeMode_t mode = TW_COMPUTE_DEFAULT;
     twOrder_t wd_order = TW_ORDER_ROW;
+    WeightLayout wg_layout, wu_layout, wd_layout;  // default: packed rows, aligned
     twOrder_t x_order = TW_ORDER_ROW;
     int64_t x_pad = 0;
     twblas::testing::Profile profile = twblas::testing::Profile::Uniform;
@@ -41,6 +42,8 @@ inline std::string describe(const FfnCase &c) {
        << " mode " << c.mode << " profile " << twblas::testing::profile_name(c.profile) << " Wd "
        << (c.wd_order == TW_ORDER_ROW ? "row" : "col") << " X " << (c.x_order == TW_ORDER_ROW ? "row" : "col")
        << " hidden " << c.hidden << (c.integers ? " integers" : "");
+    for (const WeightLayout *l : {&c.wg_layout, &c.wu_layout, &c.wd_layout})
+        if (l->pad || l->offset) os << " weight pad " << l->pad << " offset " << l->offset;
     return os.str();
 }
 
@@ -94,6 +97,7 @@ struct FfnResult {
     std::vector<uint32_t> y_bits;
     twFfnStats_t stats{};
     std::vector<int64_t> counts, counts_after_reset;
+    int64_t weight_copy_bytes = -1;  // TW_FFN_ATTR_WEIGHT_COPY_BYTES after the run
     // the hidden output: its info, twSpMatValidate's verdict, its raw words, and its values
     // (row-major bits) when the container holds every row
     twSpMatInfo_t hidden_info{};
@@ -160,18 +164,15 @@ inline FfnResult run_ffn(const FfnCase &c, const FfnData &data, twBackend_t back
     Handle h(backend);
     Buffers buf(backend);
     Dense x(c.m, c.d, c.type, c.x_order, c.x_pad), y(c.m, c.d, c.type);
-    Dense wu(c.h, c.d, c.type), wd(c.h, c.d, c.type, c.wd_order);
+    const std::unique_ptr<Dense> wu = weight_matrix(c.h, c.d, c.type, TW_ORDER_ROW, c.wu_layout, data.wu),
+                                 wd = weight_matrix(c.h, c.d, c.type, c.wd_order, c.wd_layout, data.wd);
     std::unique_ptr<Dense> wg, xw;
     x.fill(data.x);
-    wu.fill(data.wu);
-    wd.fill(data.wd);
-    if (c.gated) {
-        wg = std::make_unique<Dense>(c.h, c.d, c.type);
-        wg->fill(data.wg);
-    }
+    if (c.gated) wg = weight_matrix(c.h, c.d, c.type, TW_ORDER_ROW, c.wg_layout, data.wg);
     y.poison();
-    const twDnMatDescr_t X = buf.input(x), Y = buf.output(y), WU = buf.input(wu), WD = buf.input(wd),
-                         WG = wg ? buf.input(*wg) : nullptr;
+    const twDnMatDescr_t X = buf.input(x), Y = buf.output(y), WU = buf.input_at(*wu, c.wu_layout.offset),
+                         WD = buf.input_at(*wd, c.wd_layout.offset),
+                         WG = wg ? buf.input_at(*wg, c.wg_layout.offset) : nullptr;
     twFfnDescr_t ffn = nullptr;
     TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, c.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD));
     const int32_t mode = c.mode;
@@ -207,6 +208,8 @@ inline FfnResult run_ffn(const FfnCase &c, const FfnData &data, twBackend_t back
     }
     FfnResult r;
     TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &r.stats));
+    REQUIRE(twFfnGetAttribute(ffn, TW_FFN_ATTR_WEIGHT_COPY_BYTES, &r.weight_copy_bytes, sizeof r.weight_copy_bytes) ==
+            TW_STATUS_SUCCESS);
     r.counts = neuron_counts(h, ffn, buf, c.h);
     if (run.reset_counts) {
         TW_REQUIRE_OK(h, twFfnResetNeuronCounts(h, ffn));

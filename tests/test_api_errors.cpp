@@ -1229,6 +1229,23 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
         CHECK(got == nullptr);
     }
 
+    {  // TW_FFN_ATTR_WEIGHT_COPY_BYTES: int64, read-only
+        int64_t bytes = -1;
+        CHECK(twFfnGetAttribute(f.ffn, TW_FFN_ATTR_WEIGHT_COPY_BYTES, &bytes, sizeof bytes) == TW_STATUS_SUCCESS);
+        CHECK(bytes >= 0);
+        int32_t small = 0;
+        CHECK(twFfnGetAttribute(f.ffn, TW_FFN_ATTR_WEIGHT_COPY_BYTES, &small, sizeof small) == kInvalid);
+        CHECK(error_message(nullptr).find("size") != std::string::npos);
+        for (size_t size : {sizeof(int64_t), sizeof(int32_t)}) {
+            const int64_t v = 0;
+            CHECK(twFfnSetAttribute(f.ffn, TW_FFN_ATTR_WEIGHT_COPY_BYTES, &v, size) == kInvalid);
+            CHECK(error_message(nullptr).find("read-only") != std::string::npos);
+        }
+        int64_t again = -1;
+        CHECK(twFfnGetAttribute(f.ffn, TW_FFN_ATTR_WEIGHT_COPY_BYTES, &again, sizeof again) == TW_STATUS_SUCCESS);
+        CHECK(again == bytes);
+    }
+
     struct GetArgs {
         twHandle_t h;
         twFfnDescr_t ffn;

@@ -386,6 +386,227 @@ TEST_CASE("CUDA FFN: twFfnUpdateWeights is ordered on the handle's stream and ca
     twDestroyFfn(ffn);
 }
 
+namespace {
+
+/// Where the weights of a case lie, and how many of the three matrices the CUDA FFN then copies
+/// (gated, plain: a plain FFN's gate is Wu).
+struct WeightPlacement {
+    const char *name;
+    int64_t d;
+    twOrder_t wd_order;
+    WeightLayout wg, wu, wd;
+    int copied_gated, copied_plain;
+};
+
+const WeightPlacement kPlacements[] = {
+    {"in place", 96, TW_ORDER_ROW, {}, {}, {}, 0, 0},
+    {"in place, padded rows holding NaN", 96, TW_ORDER_ROW, {8, 0}, {16, 0}, {24, 0}, 0, 0},
+    {"Wd column-major (nn.Linear)", 96, TW_ORDER_COL, {}, {}, {}, 1, 1},
+    {"ld off 16 bytes", 96, TW_ORDER_ROW, {3, 0}, {}, {5, 0}, 2, 1},
+    {"base off 16 bytes", 96, TW_ORDER_ROW, {}, {0, 8}, {}, 1, 1},
+    {"odd D", 93, TW_ORDER_ROW, {}, {}, {}, 3, 2},
+};
+
+FfnCase placed(FfnCase c, const WeightPlacement &w) {
+    c.d = w.d;
+    c.wd_order = w.wd_order;
+    c.wg_layout = w.wg;
+    c.wu_layout = w.wu;
+    c.wd_layout = w.wd;
+    return c;
+}
+
+int64_t expected_copy_bytes(const FfnCase &c, const WeightPlacement &w) {
+    const int64_t copied = c.gated ? w.copied_gated : w.copied_plain;
+    return copied * c.h * ((c.d + 7) / 8 * 8) * (c.type == TW_R_32F ? 4 : 2);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA FFN: weights read in place or copied give the reference's results", "[cuda][ffn][weights]") {
+    // every placement of the weights: read in place (no copy) or copied (Wd column-major, rows
+    // whose ld or base is off 16 bytes, an odd D), against the CPU reference. Small integers,
+    // bit for bit: 1 and 5 tokens (the serving path), 100 tokens dense enough that every row
+    // takes the dense path (the gathered GEMM reading Wd^T in place), then dense mode (cuBLAS,
+    // gate and up as one batched GEMM or two); random data on the sparse kernels (333 tokens),
+    // deterministic: the placements of one D give the same bits.
+    for (twDataType_t t : {TW_R_16BF, TW_R_32F})
+        for (bool gated : {true, false}) {
+            std::vector<uint32_t> sparse_bits;  // of the first placement with D = 96
+            for (const WeightPlacement &w : kPlacements) {
+                FfnCase base;
+                base.type = t;
+                base.gated = gated;
+                base.h = 300;
+                INFO(w.name << " type " << t << (gated ? " gated" : " plain"));
+                for (int64_t m : {1, 5, 100}) {
+                    if (m < 100 && t == TW_R_32F) continue;  // the serving path is 16-bit
+                    FfnCase c = placed(base, w);
+                    c.integers = true;
+                    c.m = m;
+                    INFO(describe(c));
+                    const FfnData data = make_data(c);
+                    const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
+                    const FfnResult gpu = run_ffn(c, data, TW_BACKEND_CUDA, FfnRun().times(2).with_stats_between());
+                    REQUIRE(gpu.y_bits == cpu.y_bits);
+                    CHECK(gpu.weight_copy_bytes == expected_copy_bytes(c, w));
+                    for (size_t j = 0; j < cpu.counts.size(); ++j) CHECK(gpu.counts[j] == 2 * cpu.counts[j]);
+                }
+                FfnCase c = placed(base, w);
+                c.m = 333;
+                c.deterministic = 1;
+                INFO(describe(c));
+                const FfnData data = make_data(c);
+                const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
+                const FfnResult gpu = run_ffn(c, data, TW_BACKEND_CUDA);
+                const ErrorReport e = compare(gpu.y, cpu.y, c.d);
+                INFO(e.worst);
+                for (double v : gpu.y) REQUIRE(std::isfinite(v));
+                REQUIRE(e.rel <= type_bound(c));
+                CHECK(gpu.weight_copy_bytes == expected_copy_bytes(c, w));
+                if (w.d == 96) {
+                    if (sparse_bits.empty()) sparse_bits = gpu.y_bits;
+                    CHECK(gpu.y_bits == sparse_bits);
+                }
+            }
+        }
+}
+
+TEST_CASE("CUDA FFN: FP8 weights beside weights read in place or copied", "[cuda][ffn][weights][fp8]") {
+    // the FP8 copy is the same bytes wherever the 16-bit weights lie: the same bits (serving path
+    // at 1 and 13 tokens, the two-pass kernels at 200), and the copy is counted
+    for (bool gated : {true, false})
+        for (int64_t m : {1, 13, 200}) {
+            std::vector<uint32_t> bits;
+            for (const WeightPlacement &w : kPlacements) {
+                if (w.d != 96) continue;
+                FfnCase c;
+                c.gated = gated;
+                c.h = 300;
+                c.m = m;
+                c.mode = TW_COMPUTE_FP8_WEIGHTS;
+                c.deterministic = 1;
+                c = placed(c, w);
+                INFO(w.name << ": " << describe(c));
+                const FfnResult gpu = run_ffn(c, make_data(c), TW_BACKEND_CUDA);
+                for (double v : gpu.y) REQUIRE(std::isfinite(v));
+                if (bits.empty()) bits = gpu.y_bits;
+                CHECK(gpu.y_bits == bits);
+                CHECK(gpu.weight_copy_bytes == expected_copy_bytes(c, w) + c.h * ((gated ? 2 : 1) * 96 + 8));
+            }
+        }
+}
+
+TEST_CASE("CUDA FFN: weights read in place are read as they are; twFfnUpdateWeights re-points and re-copies",
+          "[cuda][ffn][weights]") {
+    // an FFN over in-place weights sees a change of their values at once (no update); one over
+    // a copied Wd (column-major) sees it after twFfnUpdateWeights. Updates that move the weights
+    // elsewhere, or change which are copied, are followed by the FFN's captured calls (the third
+    // eager call of an argument set replays a graph captured with the weights' addresses).
+    FfnCase c;
+    c.m = 40;
+    c.d = 96;
+    c.h = 500;
+    c.deterministic = 1;
+    const FfnData data = make_data(c);
+    FfnData doubled = data;  // Wd x 2: exact in bf16
+    for (float &v : doubled.wd) v *= 2.0f;
+    const FfnResult want = run_ffn(c, data, TW_BACKEND_CUDA), want2 = run_ffn(c, doubled, TW_BACKEND_CUDA);
+    REQUIRE(want.y_bits != want2.y_bits);
+    const int64_t wd_copy = c.h * c.d * 2;
+
+    Handle h(TW_BACKEND_CUDA);
+    Buffers buf(TW_BACKEND_CUDA);
+    Dense x(c.m, c.d, c.type), wg(c.h, c.d, c.type), wu(c.h, c.d, c.type), wd(c.h, c.d, c.type),
+        wd2(c.h, c.d, c.type), wd_col(c.h, c.d, c.type, TW_ORDER_COL), wd2_col(c.h, c.d, c.type, TW_ORDER_COL);
+    x.fill(data.x);
+    wg.fill(data.wg);
+    wu.fill(data.wu);
+    wd.fill(data.wd);
+    wd2.fill(doubled.wd);
+    wd_col.fill(data.wd);
+    wd2_col.fill(doubled.wd);
+    Dense y(c.m, c.d, c.type);
+    const twDnMatDescr_t X = buf.input(x), WG = buf.input(wg), WU = buf.input(wu), WD = buf.input(wd),
+                         WD2 = buf.input(wd2), WDC = buf.input(wd_col), WDC2 = buf.input(wd2_col), Y = buf.output(y);
+    auto memory = [](twDnMatDescr_t m) {
+        int64_t rows = 0, cols = 0, ld = 0;
+        void *v = nullptr;
+        twDataType_t t;
+        twOrder_t o;
+        REQUIRE(twDnMatGet(m, &rows, &cols, &ld, &v, &t, &o) == TW_STATUS_SUCCESS);
+        return std::make_pair(v, static_cast<size_t>((o == TW_ORDER_ROW ? rows : cols) * ld) * 2);
+    };
+    twFfnDescr_t ffn = nullptr;
+    TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, TW_FFN_GATED_RELU, WG, WU, WD));
+    TW_REQUIRE_OK(h, twFfnSetAttribute(ffn, TW_FFN_ATTR_DETERMINISTIC, &c.deterministic, sizeof c.deterministic));
+    size_t ws_bytes = 0;
+    TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y, &ws_bytes));
+    void *ws = buf.memory(ws_bytes);
+    const auto [y_mem, y_bytes] = memory(Y);
+    auto y_bits = [&] {
+        buf.fetch();
+        std::vector<uint32_t> b;
+        for (int64_t i = 0; i < c.m; ++i)
+            for (int64_t k = 0; k < c.d; ++k) b.push_back(y.bits(i, k));
+        return b;
+    };
+    // three calls each: the third replays the captured graph
+    auto forward3 = [&] {
+        for (int i = 0; i < 3; ++i) {
+            cuda_ok(cudaMemset(y_mem, 0xff, y_bytes));  // NaN: each call writes every value
+            TW_REQUIRE_OK(h, twSpGEMMFused(h, ffn, X, Y, nullptr, ws));
+        }
+        return y_bits();
+    };
+    auto copy_bytes = [&] {
+        int64_t b = -1;
+        REQUIRE(twFfnGetAttribute(ffn, TW_FFN_ATTR_WEIGHT_COPY_BYTES, &b, sizeof b) == TW_STATUS_SUCCESS);
+        return b;
+    };
+    CHECK(copy_bytes() == 0);
+    CHECK(forward3() == want.y_bits);
+    // in place: the values as they are now, no update
+    const auto [wd_mem, wd_bytes] = memory(WD);
+    const auto [wd2_mem, wd2_bytes] = memory(WD2);
+    REQUIRE(wd_bytes == wd2_bytes);
+    std::vector<uint8_t> saved(wd_bytes);
+    cuda_ok(cudaMemcpy(saved.data(), wd_mem, wd_bytes, cudaMemcpyDeviceToHost));
+    cuda_ok(cudaMemcpy(wd_mem, wd2_mem, wd_bytes, cudaMemcpyDeviceToDevice));
+    CHECK(forward3() == want2.y_bits);
+    cuda_ok(cudaMemcpy(wd_mem, saved.data(), wd_bytes, cudaMemcpyHostToDevice));
+    CHECK(forward3() == want.y_bits);
+    // re-pointed to other memory: the captured graph of the old addresses is not replayed
+    TW_REQUIRE_OK(h, twFfnUpdateWeights(h, ffn, WG, WU, WD2));
+    CHECK(copy_bytes() == 0);
+    CHECK(forward3() == want2.y_bits);
+    // Wd column-major: copied (allocated), and that copy is what the FFN reads
+    TW_REQUIRE_OK(h, twFfnUpdateWeights(h, ffn, WG, WU, WDC));
+    CHECK(copy_bytes() == wd_copy);
+    CHECK(forward3() == want.y_bits);
+    const auto [wdc_mem, wdc_bytes] = memory(WDC);
+    const auto [wdc2_mem, wdc2_bytes] = memory(WDC2);
+    cuda_ok(cudaMemcpy(wdc_mem, wdc2_mem, wdc_bytes, cudaMemcpyDeviceToDevice));
+    CHECK(forward3() == want.y_bits);  // the copy keeps the values of the update
+    TW_REQUIRE_OK(h, twFfnUpdateWeights(h, ffn, WG, WU, WDC));  // the same descriptor: copied again
+    CHECK(copy_bytes() == wd_copy);
+    CHECK(forward3() == want2.y_bits);
+    // back in place: the copy is given back
+    TW_REQUIRE_OK(h, twFfnUpdateWeights(h, ffn, WG, WU, WD));
+    CHECK(copy_bytes() == 0);
+    CHECK(forward3() == want.y_bits);
+    // outputs may not overlap weights read in place
+    const twDnMatDescr_t onto_weights = [&] {
+        twDnMatDescr_t d = nullptr;
+        REQUIRE(twCreateDnMat(&d, c.m, c.d, c.d, wd_mem, c.type, TW_ORDER_ROW) == TW_STATUS_SUCCESS);
+        return d;
+    }();
+    CHECK(twSpGEMMFused(h, ffn, X, onto_weights, nullptr, ws) == TW_STATUS_INVALID_VALUE);
+    CHECK(std::string(twGetErrorMessage(h)).find("wDown") != std::string::npos);
+    twDestroyDnMat(onto_weights);
+    twDestroyFfn(ffn);
+}
+
 TEST_CASE("CUDA FFN: TW_COMPUTE_FP8_WEIGHTS against the reference's FP8 forward", "[cuda][ffn][fp8]") {
     // the serving path's FP8 instances (serve_gate and serve_down at 1 and 13 tokens, the 13 with
     // a hidden output; cuBLAS's gate and serve_token at 37 and at 200, its 8-warp blocks) and the

@@ -41,6 +41,52 @@ TEST_CASE("CUDA training: recomputed rows through cuBLAS, past the capacity the 
     }
 }
 
+TEST_CASE("CUDA training: weights read in place or copied give the reference's bits", "[cuda][train][weights]") {
+    // the forward, the recompute (cuBLAS and the gathered GEMM, reading Wd and Wu in place) and
+    // the token phase over weights read in place (rows padded with NaN included) or copied (Wd
+    // column-major, ld or base off 16 bytes, odd D). Small integers: bit-identical; 1 row in 5
+    // recomputed, then (warmed with every row dense) dense mode.
+    struct Placement {
+        const char *name;
+        int64_t d;
+        twOrder_t wd_order;
+        WeightLayout wg, wu, wd;
+    };
+    const Placement placements[] = {
+        {"in place", 96, TW_ORDER_ROW, {}, {}, {}},
+        {"in place, padded rows holding NaN", 96, TW_ORDER_ROW, {8, 0}, {16, 0}, {24, 0}},
+        {"Wd column-major (nn.Linear)", 96, TW_ORDER_COL, {}, {}, {}},
+        {"ld off 16 bytes", 96, TW_ORDER_ROW, {3, 0}, {5, 0}, {}},
+        {"base off 16 bytes", 96, TW_ORDER_ROW, {0, 8}, {}, {0, 8}},
+        {"odd D", 93, TW_ORDER_ROW, {}, {}, {}},
+    };
+    for (const Placement &p : placements)
+        for (twDataType_t t : {TW_R_16BF, TW_R_32F})
+            for (bool gated : {true, false})
+                for (int warm_every : {0, 1}) {
+                    TrainCase c;
+                    c.integers = true;
+                    c.type = t;
+                    c.gated = gated;
+                    c.m = 400;
+                    c.d = p.d;
+                    c.h = 300;
+                    c.l1 = static_cast<float>(c.m);
+                    c.heavy_every = 5;
+                    c.wd_order = p.wd_order;
+                    c.wg_layout = p.wg;
+                    c.wu_layout = p.wu;
+                    c.wd_layout = p.wd;
+                    TrainCase w = c;
+                    w.heavy_every = 1;
+                    const TrainData warm = make_data(w);
+                    DYNAMIC_SECTION(p.name << " type " << t << (gated ? " gated" : " plain")
+                                           << (warm_every ? ", dense mode" : "")) {
+                        check_train_case(c, warm_every ? &warm.x : nullptr);
+                    }
+                }
+}
+
 TEST_CASE("CUDA training: SAVE_DENSE keeps z and u in dense mode, and the backward reads them", "[cuda][train]") {
     // A first step with every row dense puts the FFN in dense mode; the step then keeps z and u
     // of every row in the saved state. Small integers: bit-identical to the reference whether

@@ -427,6 +427,45 @@ TEST_CASE("forward: ReLU(NaN) is active and its NaN propagates to Y", "[ffn][for
         }
 }
 
+TEST_CASE("forward: TW_FFN_ATTR_WEIGHT_COPY_BYTES counts the weight copies the backend holds",
+          "[ffn][forward][weights]" TWTEST_BACKEND_TAG) {
+    // the CPU reference keeps every weight as fp32 (and the FP8 rows once made); the CUDA backend
+    // reads TW_ORDER_ROW weights with D a multiple of 8 on 16-byte rows in place, and copies the
+    // others, H x roundup(D, 8) values each; its FP8 copy counts from when the mode is set
+    for (bool gated : {true, false})
+        for (twOrder_t wd_order : {TW_ORDER_ROW, TW_ORDER_COL})
+            for (int64_t d : {64, 61})
+                for (twDataType_t t : {TW_R_16BF, TW_R_32F}) {
+                    FfnCase c;
+                    c.m = 5;
+                    c.d = d;
+                    c.h = 300;
+                    c.gated = gated;
+                    c.wd_order = wd_order;
+                    c.type = t;
+                    INFO(describe(c));
+                    const FfnResult r = run_ffn(c, make_data(c), kBackend);
+                    const int64_t mats = gated ? 3 : 2, dp = (d + 7) / 8 * 8, eb = t == TW_R_32F ? 4 : 2;
+                    const int64_t copied = d % 8 ? mats : wd_order == TW_ORDER_COL ? 1 : 0;
+                    CHECK(r.weight_copy_bytes == (kOnCuda ? copied * c.h * dp * eb : mats * c.h * d * 4));
+                }
+    for (bool gated : {true, false}) {
+        FfnCase c;
+        c.m = 5;
+        c.d = 64;
+        c.h = 300;
+        c.gated = gated;
+        c.mode = TW_COMPUTE_FP8_WEIGHTS;
+        INFO(describe(c));
+        const FfnResult r = run_ffn(c, make_data(c), kBackend);
+        // CPU: the fp32 weights and the FP8 rows (Wu of a gated FFN, and Wd) as fp32; CUDA: the
+        // FP8 rows (16-byte multiples) and a pair of scales per unit
+        const int64_t rows = gated ? 2 : 1;
+        CHECK(r.weight_copy_bytes ==
+              (kOnCuda ? c.h * (rows * 64 + 8) : ((gated ? 3 : 2) + rows) * c.h * c.d * 4));
+    }
+}
+
 // ---- the CPU reference alone ------------------------------------------------------------------
 #if !defined(TWTEST_BACKEND_CUDA)
 

@@ -22,6 +22,7 @@ struct TrainCase {
     twDataType_t type = TW_R_16BF;
     twComputeMode_t mode = TW_COMPUTE_DEFAULT;
     twOrder_t wd_order = TW_ORDER_ROW, x_order = TW_ORDER_ROW, grad_order = TW_ORDER_ROW;
+    WeightLayout wg_layout, wu_layout, wd_layout;  // default: packed rows, aligned
     twblas::testing::Profile profile = twblas::testing::Profile::Uniform;
     double k = 29;
     bool integers = false;  // small integers: every sum exact, results bit-identical
@@ -36,7 +37,9 @@ inline std::string describe(const TrainCase &c) {
     std::ostringstream os;
     os << "M " << c.m << " D " << c.d << " H " << c.h << (c.gated ? " gated" : " plain") << " type " << c.type
        << " mode " << c.mode << " profile " << twblas::testing::profile_name(c.profile)
-       << (c.integers ? " integers" : "");
+       << (c.integers ? " integers" : "") << " Wd " << (c.wd_order == TW_ORDER_ROW ? "row" : "col");
+    for (const WeightLayout *l : {&c.wg_layout, &c.wu_layout, &c.wd_layout})
+        if (l->pad || l->offset) os << " weight pad " << l->pad << " offset " << l->offset;
     return os.str();
 }
 
@@ -91,6 +94,7 @@ struct TrainResult {
     std::vector<uint32_t> bits;  // y, dx, dwg, dwu, dwd
     twFfnStats_t stats{};
     float l1_output = 0.0f;  // TrainRun::l1_pointers: what the last forward wrote there
+    int64_t weight_copy_bytes = -1;  // TW_FFN_ATTR_WEIGHT_COPY_BYTES after the run
 };
 
 inline void append_bits(std::vector<uint32_t> &bits, const Dense &m) {
@@ -148,22 +152,21 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
     Handle h(backend);
     Buffers buf(backend);
     Dense x(c.m, c.d, c.type, c.x_order), y(c.m, c.d, c.type), dy(c.m, c.d, c.type), dx(c.m, c.d, c.type);
-    Dense wu(c.h, c.d, c.type), wd(c.h, c.d, c.type, c.wd_order);
+    const std::unique_ptr<Dense> wu = weight_matrix(c.h, c.d, c.type, TW_ORDER_ROW, c.wu_layout, data.wu),
+                                 wd = weight_matrix(c.h, c.d, c.type, c.wd_order, c.wd_layout, data.wd);
     Dense dwu(c.h, c.d, c.type, c.grad_order), dwd(c.h, c.d, c.type, c.grad_order);
     std::unique_ptr<Dense> wg, dwg, xw;
     x.fill(data.x);
     dy.fill(data.dy);
-    wu.fill(data.wu);
-    wd.fill(data.wd);
     if (c.gated) {
-        wg = std::make_unique<Dense>(c.h, c.d, c.type);
-        wg->fill(data.wg);
+        wg = weight_matrix(c.h, c.d, c.type, TW_ORDER_ROW, c.wg_layout, data.wg);
         dwg = std::make_unique<Dense>(c.h, c.d, c.type, c.grad_order);
         dwg->poison();
     }
     for (Dense *o : {&y, &dx, &dwu, &dwd}) o->poison();
-    const twDnMatDescr_t X = buf.input(x), DY = buf.input(dy), WU = buf.input(wu), WD = buf.input(wd),
-                         WG = wg ? buf.input(*wg) : nullptr;
+    const twDnMatDescr_t X = buf.input(x), DY = buf.input(dy), WU = buf.input_at(*wu, c.wu_layout.offset),
+                         WD = buf.input_at(*wd, c.wd_layout.offset),
+                         WG = wg ? buf.input_at(*wg, c.wg_layout.offset) : nullptr;
     const twDnMatDescr_t Y = buf.output(y), DX = buf.output(dx), DWU = buf.output(dwu), DWD = buf.output(dwd),
                          DWG = dwg ? buf.output(*dwg) : nullptr;
     twFfnDescr_t ffn = nullptr;
@@ -229,6 +232,8 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
     }
     TrainResult r;
     TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &r.stats));
+    REQUIRE(twFfnGetAttribute(ffn, TW_FFN_ATTR_WEIGHT_COPY_BYTES, &r.weight_copy_bytes, sizeof r.weight_copy_bytes) ==
+            TW_STATUS_SUCCESS);
     if (X0) r.stats = step_stats;
     if (l1_output) r.l1_output = buf.read<float>(l1_output, 1)[0];
     buf.fetch();
