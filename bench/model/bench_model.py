@@ -115,11 +115,8 @@ def build_model(spec, device, dtype, seed, seq_max):
     cfg = LlamaConfig(hidden_size=spec["d"], intermediate_size=spec["h"], num_hidden_layers=spec["layers"],
                       num_attention_heads=spec["heads"], num_key_value_heads=spec["kv"], vocab_size=spec["vocab"],
                       hidden_act="relu", max_position_embeddings=max(4096, seq_max), tie_word_embeddings=True,
-                      rms_norm_eps=1e-5, attention_bias=False, mlp_bias=False, use_cache=False)
-    try:
-        cfg.rope_parameters = {"rope_type": "default", "rope_theta": spec["rope"]}
-    except Exception:  # noqa: BLE001
-        cfg.rope_theta = spec["rope"]
+                      rms_norm_eps=1e-5, attention_bias=False, mlp_bias=False, use_cache=False,
+                      rope_theta=spec["rope"])
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     with torch.device(device):
@@ -496,28 +493,42 @@ def run_decode_eager(ctx, model, variant, batch, seq):
     return rec
 
 
+def _rewinder(cache, pos):
+    """A function that undoes one step's advance of a StaticCache (on the device, so that it can
+    be captured): every replay then decodes at the same context length, overwriting one slot."""
+    lens = [layer.cumulative_length for layer in getattr(cache, "layers", [])
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+    def rewind():
+        for t in lens:
+            t.sub_(1)
+    return rewind if pos is None else (lambda: None)  # with cache_position the step never advances
+
+
 def run_decode_graph(ctx, model, variant, batch, seq):
     if ctx.device.type != "cuda":
         raise RuntimeError("CUDA graphs need a CUDA device")
     base, clock, dc = model.model, ctx.clock, ctx.decode_ctx
-    warm = 3
-    n_max = ctx.it["graph_max"]
-    max_len = dc + warm + n_max + 8
+    warm, n_max = 3, ctx.it["graph_max"]
     ids = gen_ids((batch, dc), ctx.vocab, 2000 + batch, ctx.device)
-    step_ids = gen_ids((max_len, batch), ctx.vocab, 3000 + batch, ctx.device)
+    step_ids = gen_ids((warm + n_max + 16, batch), ctx.vocab, 3000 + batch, ctx.device)
     step_idx = torch.zeros(1, dtype=torch.long, device=ctx.device)
     pos = torch.full((1,), dc, dtype=torch.long, device=ctx.device) if needs_cache_position() else None
-    cache = make_static_cache(model.config, batch, max_len, ctx.device, ctx.dtype)
+    # every step decodes token dc + 1 (the cache is rewound on the device after it), so the cache
+    # needs dc + 1 slots; attention reads all max_len of them (masked), as HF's static cache does
+    cache = make_static_cache(model.config, batch, dc + 8, ctx.device, ctx.dtype)
     with torch.inference_mode():
         prefill_pos = torch.arange(dc, device=ctx.device) if pos is not None else None
         base(input_ids=ids, **cache_kwargs(cache, prefill_pos))
+    if not needs_cache_position() and not _rewinder_ok(cache):
+        raise RuntimeError("this transformers' StaticCache has no cumulative_length to rewind")
+    rewind = _rewinder(cache, pos)
 
     def step():
         tok = step_ids.index_select(0, step_idx).view(batch, 1)
         out = base(input_ids=tok, **cache_kwargs(cache, pos)).last_hidden_state
         step_idx.add_(1)
-        if pos is not None:
-            pos.add_(1)
+        rewind()
         return out
 
     with torch.inference_mode():
@@ -536,8 +547,8 @@ def run_decode_graph(ctx, model, variant, batch, seq):
 
     def fn():
         replays["n"] += 1
-        if replays["n"] > n_max + 2:
-            raise RuntimeError("static cache full")
+        if replays["n"] > n_max + 8:
+            raise RuntimeError("out of step ids")
         graph.replay()
 
     t = timed_loop(fn, clock, ctx.energy, 2, ctx.it["graph_iters"], ctx.it["min_s"], n_max)
@@ -548,6 +559,11 @@ def run_decode_graph(ctx, model, variant, batch, seq):
     rec["ctx"] = dc
     del graph, cache
     return rec
+
+
+def _rewinder_ok(cache):
+    layers = getattr(cache, "layers", [])
+    return bool(layers) and all(isinstance(getattr(l, "cumulative_length", None), torch.Tensor) for l in layers)
 
 
 def run_train(ctx, model, variant, batch, seq):
@@ -684,7 +700,7 @@ def main():
     quick = args.quick or args.tiny
     it = {"prefill_warmup": 1 if quick else 2, "prefill_iters": 3 if quick else 10,
           "decode_warmup": 3, "decode_iters": 20 if quick else 50, "decode_max": 200,
-          "graph_iters": 50 if quick else 200, "graph_max": 400,
+          "graph_iters": 50 if quick else 200, "graph_max": 1000,
           "train_warmup": 1 if quick else 2, "train_iters": 2 if quick else 5,
           "min_s": args.min_s if args.min_s is not None else (0.0 if args.tiny else 1.0 if quick else 2.0)}
 
