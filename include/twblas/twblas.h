@@ -289,7 +289,7 @@ typedef enum {
  *  Weights read in place must stay allocated, unmoved, for the FFN's lifetime (until
  *  twDestroyFfn, or until twFfnUpdateWeights points it elsewhere), and compute calls read their
  *  values as they are when the kernels run: a training loop that updates the weights in place
- *  needs no twFfnUpdateWeights. Outputs of compute calls (Y, dX, the weight gradients) must not
+ *  needs no twFfnUpdateWeights (the FP8 copy of TW_COMPUTE_FP8_WEIGHTS is refreshed by it). Outputs of compute calls (Y, dX, the weight gradients) must not
  *  overlap them (INVALID_VALUE). Copied weights keep the values they had at this call (or at
  *  the last twFfnUpdateWeights). */
 TWBLAS_API twStatus_t twCreateFfn(twHandle_t h, twFfnDescr_t *ffn, twFfnKind_t kind,
