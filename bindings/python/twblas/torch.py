@@ -165,7 +165,14 @@ class SparseMLP(torch.nn.Module):
         return (self.gate_proj.weight if self.gated else None), self.up_proj.weight, self.down_proj.weight
 
     def forward(self, x: Tensor) -> Tensor:
-        y, self.l1 = sparse_ffn(x, *self._weights(), save_dense=self.save_dense)
+        if torch.compiler.is_compiling():
+            y, self.l1 = sparse_ffn(x, *self._weights(), save_dense=self.save_dense)
+            return y
+        # eager: the op straight away, and l1 stored without nn.Module.__setattr__'s checks (it
+        # is a plain attribute: __init__ set it to None)
+        y, l1 = _sparse_ffn_op(x, self.gate_proj.weight if self.gated else None, self.up_proj.weight,
+                               self.down_proj.weight, self.save_dense)
+        self.__dict__["l1"] = l1
         return y
 
     @torch.compiler.disable
