@@ -44,7 +44,7 @@ pip=("$py" -m pip install --progress-bar off)
 if ! "$py" -c "import torch" 2>/dev/null; then
   echo "== installing torch (CPU build; a few hundred MB the first time) =="
   # PyTorch's own index holds the CPU-only wheels; PyPI's torch (CUDA libraries, some GB) works too
-  "${pip[@]}" --timeout 60 --index-url https://download.pytorch.org/whl/cpu torch ||
+  "${pip[@]}" --timeout 60 --retries 1 --index-url https://download.pytorch.org/whl/cpu torch ||
     "${pip[@]}" torch
 fi
 missing=()
