@@ -64,6 +64,7 @@ TEST_CASE("CUDA training: weights read in place or copied give the reference's b
         for (twDataType_t t : {TW_R_16BF, TW_R_32F})
             for (bool gated : {true, false})
                 for (int warm_every : {0, 1}) {
+                    if (warm_every && t == TW_R_32F) continue;  // dense mode is for 16-bit values
                     TrainCase c;
                     c.integers = true;
                     c.type = t;
