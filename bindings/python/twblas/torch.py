@@ -27,18 +27,22 @@ kernels for torch.compile and the module.
 import os
 from typing import Optional, Tuple
 
-import torch
-from torch import Tensor
+_REINSTALL = (
+    "reinstall the package with torch present: `pip install --no-build-isolation ./bindings/python` "
+    "from the twblas repository (torch, scikit-build-core, cmake and ninja installed in this environment "
+    "first); the package's ops are built against the installed torch and must be rebuilt after torch changes")
+
+try:
+    import torch
+    from torch import Tensor
+except ImportError as e:
+    raise ImportError(f"twblas.torch needs PyTorch ({e}): install torch, then {_REINSTALL}") from e
 
 from . import _lib
 
 __all__ = ["sparse_ffn", "SparseMLP", "down_weight_in_place_layout", "sparsify"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REINSTALL = (
-    "reinstall the package with torch present: `pip install --no-build-isolation ./bindings/python` "
-    "from the twblas repository (torch, scikit-build-core, cmake and ninja installed in this environment "
-    "first); the package's ops are built against the installed torch and must be rebuilt after torch changes")
 
 
 def _load_ops():
