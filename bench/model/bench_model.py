@@ -128,7 +128,7 @@ def build_model(spec, device, dtype, seed, seq_max):
 
 
 @torch.no_grad()
-def plant_sparsity(model, k, calib_ids, channel=0, value=1.0):
+def plant_sparsity(model, k, calib_ids, channel=0, value=1.0, embed_std=1.0, scaled_init=True):
     """A bias channel in the residual stream and a calibrated negative gate component (README.md).
 
     Dimension `channel` of every token embedding is set to `value`; nothing reads it but the gates
@@ -140,7 +140,23 @@ def plant_sparsity(model, k, calib_ids, channel=0, value=1.0):
     per token on average. Returns the thresholds."""
     base = model.model
     emb = base.embed_tokens.weight
+    if embed_std:
+        # token embeddings of unit scale (HF's 0.02 leaves every token's own content far below what
+        # the first attention layer adds, which later tokens of a sequence share: units then fire
+        # per sequence, not per token)
+        g = torch.Generator(device=emb.device).manual_seed(1234)
+        emb.copy_(torch.randn(emb.shape, generator=g, device=emb.device, dtype=torch.float32).mul_(embed_std))
     emb[:, channel] = value
+    if scaled_init:
+        # GPT-2 / Megatron-LM's scaled init of the residual branches' output projections, std
+        # 0.02 / sqrt(2 L): with HF's plain 0.02 at D = 2048 each random-init attention layer adds
+        # a near-uniform average over the sequence at about the residual's own scale, which deep
+        # layers accumulate into a component all tokens of a sequence share (units then fire per
+        # sequence, not per token)
+        f = 1.0 / math.sqrt(2 * len(base.layers))
+        for layer in base.layers:
+            layer.self_attn.o_proj.weight.mul_(f)
+            layer.mlp.down_proj.weight.mul_(f)
     for layer in base.layers:
         a, m = layer.self_attn, layer.mlp
         for lin in (a.q_proj, a.k_proj, a.v_proj, m.up_proj, m.gate_proj):
@@ -173,7 +189,7 @@ class ActiveCounter:
     """Active units per token per layer of the dense model (gate_proj output > 0)."""
 
     def __init__(self, model):
-        self.sums, self.tokens, self.handles = {}, {}, []
+        self.sums, self.tokens, self.maxes, self.handles = {}, {}, {}, []
         for i, layer in enumerate(model.model.layers):
             gate = getattr(layer.mlp, "gate_proj", None)
             self.handles.append(gate.register_forward_hook(self._hook(i)))
@@ -181,7 +197,9 @@ class ActiveCounter:
     def _hook(self, i):
         def f(mod, args, out):
             o = out.detach().reshape(-1, out.shape[-1])
-            self.sums[i] = self.sums.get(i, 0) + (o > 0).sum().item()
+            per_token = (o > 0).sum(-1)
+            self.sums[i] = self.sums.get(i, 0) + per_token.sum().item()
+            self.maxes[i] = max(self.maxes.get(i, 0), per_token.max().item())
             self.tokens[i] = self.tokens.get(i, 0) + o.shape[0]
         return f
 
@@ -192,13 +210,19 @@ class ActiveCounter:
     def per_layer(self):
         return [self.sums[i] / max(1, self.tokens[i]) for i in sorted(self.sums)]
 
+    def max_per_token(self):
+        return max(self.maxes.values()) if self.maxes else None
+
 
 def sparse_active(model):
-    out = []
+    """(mean active units per token per layer, the most any token had) from SparseMLP.stats()."""
+    out, mx = [], 0
     for layer in model.model.layers:
         st = getattr(layer.mlp, "stats", None)
-        out.append(st()["mean_active"] if st is not None else float("nan"))
-    return out
+        s = st() if st is not None else {"mean_active": float("nan"), "max_active": 0}
+        out.append(s["mean_active"])
+        mx = max(mx, s["max_active"])
+    return out, mx
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,7 +453,7 @@ def active_after(model, variant, fn):
             fn()
         finally:
             c.remove()
-        return c.per_layer()
+        return c.per_layer(), c.max_per_token()
     fn()
     return sparse_active(model)
 
@@ -666,6 +690,9 @@ def main():
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/<gpu>-model.json)")
     ap.add_argument("--append", action="store_true", help="keep the file's records of models not run now")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="skip the points left after this many seconds (default 230 with --quick, 570 otherwise: "
+                         "one 10-minute command); the JSON holds what was measured")
     args = ap.parse_args()
 
     device = torch.device(args.device)
@@ -687,7 +714,8 @@ def main():
         args.train_batch = args.train_batch or 8
         k = args.active_units or 29
     args.train_models = args.train_models.split(",")
-    modes = [m for m in args.modes.split(",") if m]
+    # train last: its optimizer steps move the weights
+    modes = sorted({m for m in args.modes.split(",") if m}, key=lambda m: MODES.index(m) if m in MODES else -1)
     variants = [v for v in args.variants.split(",") if v]
     for m in models:
         if m not in MODELS:
@@ -737,6 +765,8 @@ def main():
     ctx.device, ctx.dtype, ctx.args, ctx.it, ctx.decode_ctx = device, dtype, args, it, args.decode_ctx
     ctx.clock, ctx.energy = Clock(device), Energy(device)
     t_start = time.perf_counter()
+    budget = args.budget_s if args.budget_s is not None else (230.0 if args.quick else 570.0)
+    skipped = []
 
     for name in models:
         spec = MODELS[name]
@@ -758,6 +788,9 @@ def main():
                 _, n = sparsify(model, return_count=True)
                 log(f"  sparsify: {n} MLPs replaced")
             for mode, batch, seq in pts:
+                if time.perf_counter() - t_start > budget:
+                    skipped.append(f"{name} {variant} {mode} b{batch}")
+                    continue
                 if mode == "train" and vi + 1 < len(variants) and snapshot is None:
                     # the optimizer moves the weights: the next variant starts from the same ones
                     snapshot = [p.detach().clone() for p in model.parameters()]
@@ -767,7 +800,7 @@ def main():
                 peak_reset(device)
                 try:
                     rec.update(RUNNERS[mode](ctx, model, variant, batch, seq))
-                    apl = rec.pop("active_per_layer")
+                    apl, rec["active_max"] = rec.pop("active_per_layer")
                     rec["active_units"] = sum(apl) / len(apl) if apl else None
                     rec["active_units_per_layer"] = [round(a, 2) for a in apl]
                     rec["ffn_share"] = rec["ffn_ms"] / rec["ms"] if rec.get("ffn_ms") is not None else None
@@ -795,6 +828,9 @@ def main():
         free(device)
         log(f"  [{name}: {time.perf_counter() - t0:.1f} s]")
     doc["seconds"] = round(time.perf_counter() - t_start, 1)
+    if skipped:
+        doc["skipped_for_budget"] = skipped
+        log(f"\n{len(skipped)} points skipped after the {budget:.0f} s budget (--budget-s): {', '.join(skipped)}")
     write_json(out, doc)
     log(f"\ndone in {doc['seconds']} s -> {out}")
 
