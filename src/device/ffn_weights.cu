@@ -76,8 +76,8 @@ void ffn_place_weights(cudaStream_t stream, CudaFfnState &st, const FfnProblem &
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
         if (status != cudaStreamCaptureStatusNone)
-            fail(TW_STATUS_NOT_SUPPORTED, "wGate, wUp, wDown: these weights need a weight copy of another layout than "
-                 "the FFN holds (which is read in place changed), which allocates: not during a stream capture");
+            fail(TW_STATUS_NOT_SUPPORTED, "wGate, wUp, wDown: which of these weights can be read in place differs from "
+                 "the FFN's current ones, so its weight copy must be reallocated: not during a stream capture");
         check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // work in flight may read the old copy
         st.weight_copy.reset(static_cast<size_t>(p.h * row * p.weight_bytes()));
         st.copied = copied;
