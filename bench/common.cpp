@@ -65,11 +65,13 @@ std::shared_ptr<Problem> problem(Shape s, const std::string &profile, int64_t ma
         p->x.push_back(std::make_unique<DeviceMemory>(x16));
         p->wgu.push_back(std::make_unique<DeviceMemory>(gu16));
         p->wd_lin.push_back(std::make_unique<DeviceMemory>(wd_lin16));
+        p->wd_ffn.push_back(std::make_unique<DeviceMemory>(wd_rows16));
         twDnMatDescr_t wg, wu, wd;
         ck(twCreateDnMat(&wg, s.h, s.d, s.d, p->wgu[i]->get<uint16_t>(), TW_R_16BF, TW_ORDER_ROW), nullptr, "Wg");
         ck(twCreateDnMat(&wu, s.h, s.d, s.d, p->wgu[i]->get<uint16_t>() + s.h * s.d, TW_R_16BF, TW_ORDER_ROW), nullptr,
            "Wu");
-        ck(twCreateDnMat(&wd, s.h, s.d, s.h, p->wd_lin[i]->get(), TW_R_16BF, TW_ORDER_COL), nullptr, "Wd");
+        // Wd as rows (what twblas.torch keeps as down_proj.weight's storage): no copy in the FFN
+        ck(twCreateDnMat(&wd, s.h, s.d, s.d, p->wd_ffn[i]->get(), TW_R_16BF, TW_ORDER_ROW), nullptr, "Wd");
         twFfnDescr_t f = nullptr;
         ck(twCreateFfn(p->handle, &f, TW_FFN_GATED_RELU, wg, wu, wd), p->handle, "twCreateFfn");
         p->ffn.push_back(f);

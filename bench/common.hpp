@@ -43,6 +43,7 @@ struct Problem {
     int64_t max_m = 0;
     tt::FfnProblem host;
     std::vector<std::unique_ptr<DeviceMemory>> x, wgu, wd_lin;  // X; [Wg; Wu] (2H x D); Wd as nn.Linear (D x H)
+    std::vector<std::unique_ptr<DeviceMemory>> wd_ffn;  // Wd as H x D rows: the layout the FFN reads in place
     std::unique_ptr<DeviceMemory> wd_rows;                      // Wd as H x D rows (cuSPARSE's B, dH = dY Wd^T)
     std::unique_ptr<DeviceMemory> train_dy;                     // dL/dY (max_m x D) of the training benchmarks
     twHandle_t handle = nullptr;                                // CUDA backend, on env.stream
