@@ -258,6 +258,18 @@ def test_strict_false_mixes():
     assert _rel(_logits(model, ids), ref) < TOL[torch.float32]
 
 
+def test_down_in_place_option():
+    model = _model("llama")
+    ids = _ids()
+    ref = _logits(model, ids)
+    old = _mlps(model)
+    sparsify(model, down_in_place=False, save_dense=True)
+    for new, o in zip(_mlps(model), old):
+        assert new.down_proj is o.down_proj and new.down_proj.weight.is_contiguous()
+        assert new.gate_proj is o.gate_proj and new.up_proj is o.up_proj and new.save_dense
+    assert _rel(_logits(model, ids), ref) < TOL[torch.float32]
+
+
 def test_hooks_kept():
     model = _model("llama")
     seen = []
@@ -336,3 +348,62 @@ def test_cuda_graph_decode_step_static_cache():
     torch.cuda.synchronize()
     for a, r in zip(got, eager):
         assert _rel(a, r) < 1e-2
+
+
+@pytest.fixture
+def process_group():
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_one_process(process_group):
+    """DDP (gloo, one process) over a sparsified model: its Parameters are the model's own, the
+    reducer's gradients equal the unwrapped dense model's."""
+    dense = _model("llama").train()
+    sparse = sparsify(copy.deepcopy(dense))
+    ddp = torch.nn.parallel.DistributedDataParallel(sparse)
+    ids = _ids(batch=2, seq=16)
+    dense(ids, labels=ids).loss.backward()
+    ddp(ids, labels=ids).loss.backward()
+    for (k, p), (k2, q) in zip(dense.named_parameters(), ddp.module.named_parameters()):
+        assert k == k2 and q.grad is not None and _rel(q.grad, p.grad) < 1e-4, k
+
+
+def test_fsdp2_one_process(process_group):
+    """FSDP2 (fully_shard per decoder layer and the root, gloo, one process, CPU) over a
+    sparsified model: the forward and the gradients equal the dense model's."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.device_mesh import init_device_mesh
+    except ImportError:
+        pytest.skip("no FSDP2 in this torch")
+    dense = _model("llama").train()
+    sparse = sparsify(copy.deepcopy(dense), down_in_place=False)  # FSDP2 needs contiguous Parameters
+    ids = _ids(batch=2, seq=16)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in sparse.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(sparse, mesh=mesh)
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        pytest.skip(f"FSDP2 on the CPU is not supported here: {e}")
+    assert all(isinstance(layer.mlp, SparseMLP) for layer in sparse.model.layers)
+    ref = dense(ids, labels=ids)
+    out = sparse(ids, labels=ids)
+    assert _rel(out.logits, ref.logits) < TOL[torch.float32]
+    ref.loss.backward()
+    out.loss.backward()
+    for (k, p), (k2, q) in zip(dense.named_parameters(), sparse.named_parameters()):
+        g = q.grad.full_tensor() if hasattr(q.grad, "full_tensor") else q.grad
+        assert k == k2 and _rel(g, p.grad) < 1e-4, k

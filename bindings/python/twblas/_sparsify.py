@@ -11,11 +11,11 @@ What is replaced: every submodule shaped like a Hugging Face transformers MLP
 whose activation is ReLU: the module's act_fn (or activation_fn / act / activation) is an
 nn.ReLU or F.relu, or, where the module has none of those, its config's hidden_act is "relu".
 
-The replacement is SparseMLP.from_dense(module): it holds the module's own Parameter objects
-(gate_proj.weight, up_proj.weight, down_proj.weight), so the state_dict keys, the optimizer's
-parameters, tied or shared weights, DDP and FSDP2 wrapping and checkpoints are those of the
-dense model; a dense model of the same class loads its state_dict as it is. The replacement
-keeps the module's training flag and its forward hooks.
+The replacement is SparseMLP.from_dense(module) holding the module's own Linear layers, so its
+own Parameter objects (gate_proj.weight, up_proj.weight, down_proj.weight): the state_dict keys,
+the optimizer's parameters, DDP and FSDP2 wrapping (see down_in_place) and checkpoints are those
+of the dense model; a dense model of the same class loads its state_dict as it is. The
+replacement keeps the module's training flag and its forward hooks.
 
 What is refused (ValueError naming the module, its class and what is wrong), before anything
 is replaced: an MLP of another activation (silu, gelu, relu2, ...), projections with a bias,
@@ -118,22 +118,22 @@ def _problem(name, module, kind, model):
     return None
 
 
-def _shares(new, old) -> bool:
-    names = ("gate_proj", "up_proj", "down_proj") if getattr(old, "gate_proj", None) is not None else ("up_proj", "down_proj")
-    return all(getattr(new, n).weight is getattr(old, n).weight for n in names)
-
-
-def _replacement(module):
+def _replacement(module, down_in_place: bool, save_dense: bool):
     from .torch import SparseMLP
 
-    new = SparseMLP.from_dense(module)
-    if not _shares(new, module):
-        # a from_dense that copies the weights: the module's own Linear layers instead, so that the
-        # Parameters (and the optimizer's, DDP's, checkpoints' view of them) stay the model's
-        for n in ("gate_proj", "up_proj", "down_proj"):
-            lin = getattr(module, n, None)
-            if lin is not None:
-                setattr(new, n, lin)
+    names = [n for n in ("gate_proj", "up_proj", "down_proj") if getattr(module, n, None) is not None]
+    if down_in_place:
+        # shares the Parameters and re-lays down_proj.weight's storage for the kernels
+        new = SparseMLP.from_dense(module)
+    else:
+        up = module.up_proj
+        new = SparseMLP(up.in_features, up.out_features, gated="gate_proj" in names, device="meta",
+                        dtype=up.weight.dtype)
+    # the module's own Linear layers (holding its Parameters): whatever refers to them (hooks,
+    # FSDP2's parameter bookkeeping, a from_dense that copies) sees the model's objects
+    for n in names:
+        setattr(new, n, getattr(module, n))
+    new.save_dense = save_dense
     new.train(module.training)
     # hooks users put on the MLP (profilers, activation capture) keep working
     for attr in ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
@@ -145,14 +145,21 @@ def _replacement(module):
     return new
 
 
-def sparsify(model: torch.nn.Module, strict: bool = True, return_count: bool = False):
+def sparsify(model: torch.nn.Module, strict: bool = True, return_count: bool = False,
+             down_in_place: bool = True, save_dense: bool = False):
     """Replaces every ReLU MLP of `model` (see the module's docstring) by a twblas SparseMLP
     sharing its Parameters, in place. Returns the model; with return_count=True, (model, n)
     where n is the number of MLPs replaced.
 
     strict=True (the default): any MLP-shaped module twblas cannot compute (another activation,
     a bias, another dtype) raises ValueError naming it, and nothing is replaced. strict=False
-    leaves those modules dense and replaces the rest."""
+    leaves those modules dense and replaces the rest.
+
+    down_in_place=True (the default): down_proj.weight's storage is re-laid into the layout the
+    CUDA kernels read in place (strides (1, D); same Parameter, shape and values). FSDP2 refuses
+    non-contiguous Parameters: for fully_shard, pass down_in_place=False (the library then keeps
+    its own copy of each down weight) and sparsify before sharding.
+    save_dense: SparseMLP's save_dense for every replacement (training; see sparse_ffn)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"twblas.sparsify: expected a torch.nn.Module, got {type(model).__name__}")
     plan, skipped = [], []
@@ -175,7 +182,7 @@ def sparsify(model: torch.nn.Module, strict: bool = True, return_count: bool = F
         claimed.append(name)
     count = 0
     for name, module in plan:
-        new = _replacement(module)
+        new = _replacement(module, down_in_place, save_dense)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, new)
