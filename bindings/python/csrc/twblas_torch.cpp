@@ -47,6 +47,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <twblas/twblas.h>
 
@@ -296,14 +297,15 @@ struct Key {  // no padding: compared and hashed as bytes
     bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
 
-static_assert(sizeof(Key) == sizeof(void*) * 3 + sizeof(int64_t) * 16, "Key has padding");
+static_assert(sizeof(Key) == sizeof(void*) * 3 + sizeof(int64_t) * 16 && sizeof(Key) % 8 == 0, "Key has padding");
 
 struct KeyHash {
     size_t operator()(const Key& k) const {
-        const auto* p = reinterpret_cast<const unsigned char*>(&k);
-        uint64_t h = 1469598103934665603ull;  // FNV-1a
-        for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
-        return static_cast<size_t>(h);
+        uint64_t words[sizeof(Key) / 8];
+        std::memcpy(words, &k, sizeof words);
+        uint64_t h = 1469598103934665603ull;  // FNV-1a over 64-bit words
+        for (uint64_t w : words) h = (h ^ w) * 1099511628211ull;
+        return static_cast<size_t>(h ^ (h >> 29));
     }
 };
 
@@ -681,6 +683,12 @@ std::vector<int64_t> cache_info() { return cache().info(); }
 }  // namespace
 
 TORCH_LIBRARY(twblas, m) {
+    // the fake kernels live there (torch imports it when it needs them before anyone else did)
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+    m.set_python_module("twblas.torch");
+#else
+    m.impl_abstract_pystub("twblas.torch");
+#endif
     m.def("sparse_ffn(Tensor x, Tensor? w_gate, Tensor w_up, Tensor w_down, bool save_dense=False) -> (Tensor y, "
           "Tensor l1)");
     m.def("ffn_forward(Tensor x, Tensor? w_gate, Tensor w_up, Tensor w_down, bool training, bool save_dense) -> "
