@@ -128,7 +128,8 @@ def build_model(spec, device, dtype, seed, seq_max):
 
 
 @torch.no_grad()
-def plant_sparsity(model, k, calib_ids, channel=0, value=1.0, embed_std=1.0, scaled_init=True):
+def plant_sparsity(model, k, calib_ids, channel=0, value=1.0, embed_std=1.0, scaled_init=True, skew=0.0,
+                   dead=0.0, seed=4321):
     """A bias channel in the residual stream and a calibrated negative gate component (README.md).
 
     Dimension `channel` of every token embedding is set to `value`; nothing reads it but the gates
@@ -137,7 +138,11 @@ def plant_sparsity(model, k, calib_ids, channel=0, value=1.0, embed_std=1.0, sca
     rms(x_t) at each MLP's input. Gate row j gets -b_l in that column: unit j of layer l fires iff
     z_tj > b_l * n_tc (z the gate's pre-activation without the channel). b_l is chosen per layer,
     from one forward over calib_ids with the layers before already planted, so that k units fire
-    per token on average. Returns the thresholds."""
+    per token on average. Returns the thresholds.
+
+    skew > 0 and dead > 0 make units unequal (bench_ffn's llm-k in spirit): unit j's threshold is
+    b_l + s_j, s_j ~ N(0, skew x the std of z / n over the calibration tokens), and a `dead`
+    fraction of units gets a threshold no token reaches."""
     base = model.model
     emb = base.embed_tokens.weight
     if embed_std:
@@ -170,10 +175,18 @@ def plant_sparsity(model, k, calib_ids, channel=0, value=1.0, embed_std=1.0, sca
         w = mlp.gate_proj.weight
         n_c = x[:, channel:channel + 1]
         r = (x @ w.float().t()) / n_c  # the channel's column is still 0 here
+        offset = torch.zeros(r.shape[1], device=r.device)
+        if skew or dead:
+            g = torch.Generator(device="cpu").manual_seed(seed + len(thresholds))
+            offset = (torch.randn(r.shape[1], generator=g) * skew * r.std().item()).to(r.device)
+            n_dead = int(round(dead * r.shape[1]))
+            if n_dead:
+                offset[torch.randperm(r.shape[1], generator=g)[:n_dead].to(r.device)] = 1e4 * r.abs().max()
+            r = r - offset
         total = max(1, min(r.numel() - 1, int(round(k * x.shape[0]))))
         top = torch.topk(r.flatten(), total + 1).values
         b = 0.5 * (top[-2] + top[-1])  # between the total-th and the next value
-        w[:, channel] = -b.to(w.dtype)
+        w[:, channel] = -(b + offset).to(w.dtype)
         thresholds.append(float(b))
 
     handles = [layer.mlp.register_forward_pre_hook(hook) for layer in base.layers]
@@ -685,6 +698,10 @@ def main():
     ap.add_argument("--l1-coeff", type=float, default=2e-5, help="the L1 term twblas's training step adds")
     ap.add_argument("--llama-layers", type=int, default=4, help="layers of the Llama-3-8B-shaped model")
     ap.add_argument("--active-units", type=float, default=None, help="planted units a token (29; tiny 4)")
+    ap.add_argument("--skew", type=float, default=0.0,
+                    help="spread of the units' thresholds (0: every unit alike, uniform-k; 1: firing rates differ "
+                         "by orders of magnitude)")
+    ap.add_argument("--dead", type=float, default=0.0, help="fraction of units that never fire (e.g. 0.3)")
     ap.add_argument("--dtype", default=None, help="bf16 (default), fp16, fp32")
     ap.add_argument("--min-s", type=float, default=None, help="least seconds per timed loop (energy)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/<gpu>-model.json)")
@@ -751,7 +768,8 @@ def main():
            "dtype": str(dtype).replace("torch.", ""), "quick": bool(args.quick), "tiny": bool(args.tiny),
            "argv": sys.argv[1:], "method": "LlamaModel body (no LM head) for prefill/decode; LlamaForCausalLM "
            "with labels for train; random token ids; CUDA events; sdpa attention",
-           "planted": {"active_units_target": k, "bias_channel": 0, "bias_value": 1.0}, "records": []}
+           "planted": {"active_units_target": k, "bias_channel": 0, "bias_value": 1.0, "embed_std": 1.0,
+                       "scaled_init": True, "skew": args.skew, "dead": args.dead}, "records": []}
     if args.append and os.path.exists(out):
         with open(out) as f:
             old = json.load(f)
@@ -777,7 +795,7 @@ def main():
         t0 = time.perf_counter()
         model = build_model(spec, device, dtype, args.seed, args.seq)
         calib = gen_ids((2 if not args.tiny else 4, args.seq), spec["vocab"], 77, device)
-        thresholds = plant_sparsity(model, k, calib)
+        thresholds = plant_sparsity(model, k, calib, skew=args.skew, dead=args.dead)
         free(device)
         log(f"\n## {name}: {spec['layers']} layers, D {spec['d']}, H {spec['h']}, vocab {spec['vocab']}; built and "
             f"planted in {time.perf_counter() - t0:.1f} s (thresholds {thresholds[0]:.4g} .. {thresholds[-1]:.4g}); "
