@@ -303,6 +303,21 @@ def test_cuda_greedy_generate_fp32(family):
 
 
 @needs_cuda
+def test_cuda_generate_static_cache_compiled():
+    """generate() on a StaticCache with the forward under torch.compile(mode="reduce-overhead")
+    (CUDA graphs through the op's fake kernels): the dense model's greedy tokens."""
+    model = _model("llama", device="cuda")
+    ids = _ids(batch=2, seq=7, device="cuda")
+    kw = dict(max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0,
+              cache_implementation="static")
+    ref = model.generate(ids, **kw)
+    sparsify(model)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, mode="reduce-overhead")
+    assert torch.equal(model.generate(ids, **kw), ref)
+
+
+@needs_cuda
 def test_cuda_graph_decode_step_static_cache():
     """One decode step on a StaticCache captured in a CUDA graph and replayed: the hidden states
     of every replay equal the eager twblas model's steps (and the dense model's, loosely)."""
