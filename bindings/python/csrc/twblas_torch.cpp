@@ -11,6 +11,7 @@
 //   twblas::ffn_backward(x, w_gate?, w_up, w_down, saved, dy, dl1) -> (dx, dw_gate, dw_up, dw_down)
 //   twblas::ffn_stats(w_gate?, w_up, w_down) -> float[]   (twFfnGetStats: blocks)
 //   twblas::ffn_neuron_counts(w_gate?, w_up, w_down, reset=False) -> Tensor
+//   twblas::ffn_weight_copy_bytes(w_gate?, w_up, w_down) -> int   (TW_FFN_ATTR_WEIGHT_COPY_BYTES)
 //   twblas::_cache_info() -> int[]   (FFN descriptors held, made so far: for the tests)
 //
 // Weights use nn.Linear's layouts: w_gate, w_up (H, D), w_down (D, H); x (..., D). The fake
@@ -678,6 +679,22 @@ Tensor ffn_neuron_counts(const OptTensor& w_gate, const Tensor& w_up, const Tens
     return counts;
 }
 
+// TW_FFN_ATTR_WEIGHT_COPY_BYTES of the weights' descriptor (-1: a library without it)
+int64_t ffn_weight_copy_bytes(const OptTensor& w_gate, const Tensor& w_up, const Tensor& w_down) {
+    check_weights(w_gate, w_up, w_down);
+    const c10::Device dev = w_up.device();
+    c10::OptionalDeviceGuard guard;
+    if (dev.is_cuda()) guard.reset_device(dev);
+    const Weights ws = weights_of(w_gate, w_up, w_down);
+    twHandle_t h = handle_for(dev);
+    UsingFfn use(h, ws);
+    int64_t bytes = -1;
+    if (twFfnGetAttribute(use.ffn->get(), static_cast<twFfnAttribute_t>(kAttrWeightCopyBytes), &bytes,
+                          sizeof bytes) != TW_STATUS_SUCCESS)
+        bytes = -1;
+    return bytes;
+}
+
 std::vector<int64_t> cache_info() { return cache().info(); }
 
 }  // namespace
@@ -697,6 +714,7 @@ TORCH_LIBRARY(twblas, m) {
           "-> (Tensor dx, Tensor dw_gate, Tensor dw_up, Tensor dw_down)");
     m.def("ffn_stats(Tensor? w_gate, Tensor w_up, Tensor w_down) -> float[]");
     m.def("ffn_neuron_counts(Tensor? w_gate, Tensor w_up, Tensor w_down, bool reset=False) -> Tensor");
+    m.def("ffn_weight_copy_bytes(Tensor? w_gate, Tensor w_up, Tensor w_down) -> int");
     m.def("_cache_info() -> int[]", &cache_info);  // no tensor: one kernel for every key
 }
 
@@ -718,4 +736,5 @@ TORCH_LIBRARY_IMPL(twblas, CompositeImplicitAutograd, m) {
     m.impl("sparse_ffn", sparse_ffn);
     m.impl("ffn_stats", ffn_stats);
     m.impl("ffn_neuron_counts", ffn_neuron_counts);
+    m.impl("ffn_weight_copy_bytes", ffn_weight_copy_bytes);
 }
