@@ -56,7 +56,7 @@ def _load_ops():
         _lib.lib()
     try:
         torch.ops.load_library(path)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # another torch's build (symbols), or another twblas op library
         raise ImportError(f"twblas.torch: cannot load {path} ({e}); {_REINSTALL}") from e
 
 
