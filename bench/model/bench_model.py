@@ -697,6 +697,7 @@ def main():
     ap.add_argument("--train-lr", type=float, default=1e-5)
     ap.add_argument("--l1-coeff", type=float, default=2e-5, help="the L1 term twblas's training step adds")
     ap.add_argument("--llama-layers", type=int, default=4, help="layers of the Llama-3-8B-shaped model")
+    ap.add_argument("--layers", type=int, default=None, help="override every model's layer count (checks)")
     ap.add_argument("--active-units", type=float, default=None, help="planted units a token (29; tiny 4)")
     ap.add_argument("--skew", type=float, default=0.0,
                     help="spread of the units' thresholds (0: every unit alike, uniform-k; 1: firing rates differ "
@@ -707,13 +708,14 @@ def main():
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/<gpu>-model.json)")
     ap.add_argument("--append", action="store_true", help="keep the file's records of models not run now")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dry-run", action="store_true", help="list the points and exit")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="skip the points left after this many seconds (default 230 with --quick, 570 otherwise: "
                          "one 10-minute command); the JSON holds what was measured")
     args = ap.parse_args()
 
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type == "cuda" and not torch.cuda.is_available() and not args.dry_run:
         sys.exit("no CUDA device: use --device cpu (with --tiny)")
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     dtype = dtypes[args.dtype or ("fp32" if device.type == "cpu" and args.tiny else "bf16")]
@@ -741,6 +743,9 @@ def main():
         if m not in MODES:
             sys.exit(f"unknown mode {m}: one of {', '.join(MODES)}")
     MODELS["llama3-8b"]["layers"] = args.llama_layers
+    if args.layers:
+        for spec in MODELS.values():
+            spec["layers"] = args.layers
 
     quick = args.quick or args.tiny
     it = {"prefill_warmup": 1 if quick else 2, "prefill_iters": 3 if quick else 10,
@@ -748,6 +753,14 @@ def main():
           "graph_iters": 50 if quick else 200, "graph_max": 1000,
           "train_warmup": 1 if quick else 2, "train_iters": 2 if quick else 5,
           "min_s": args.min_s if args.min_s is not None else (0.0 if args.tiny else 1.0 if quick else 2.0)}
+
+    if args.dry_run:
+        for name in models:
+            for mode, batch, seq in points_for(args, name, modes):
+                log(f"{name} ({MODELS[name]['layers']} layers) {mode} batch {batch} seq {seq} "
+                    f"{'ctx ' + str(args.decode_ctx) if mode.startswith('decode') else ''} x {','.join(variants)}")
+        log(f"iterations: {it}")
+        return
 
     import transformers
     import twblas
