@@ -60,7 +60,7 @@ def _activation(module, model):
             return True, "relu"
         cfg = _config_act(module, model)
         name = type(act).__name__ if isinstance(act, torch.nn.Module) else getattr(act, "__name__", repr(act))
-        return False, f"{cfg!r} ({name})" if cfg else name
+        return False, f"{name} (config hidden_act={cfg!r})" if cfg else name
     cfg = _config_act(module, model)
     if cfg == "relu":
         return True, "relu"
