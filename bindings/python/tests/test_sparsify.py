@@ -304,8 +304,11 @@ def test_cuda_greedy_generate_fp32(family):
 
 @needs_cuda
 def test_cuda_generate_static_cache_compiled():
-    """generate() on a StaticCache with the forward under torch.compile(mode="reduce-overhead")
-    (CUDA graphs through the op's fake kernels): the dense model's greedy tokens."""
+    """generate() on a StaticCache with the forward under torch.compile (inductor, the default
+    mode; the op's fake kernels): the dense model's greedy tokens. mode="reduce-overhead" is left
+    out: torch's cudagraph trees refuse transformers' StaticCache (its cumulative_length is
+    written in place between invocations) for the dense model as well; the CUDA-graph capture of
+    the op itself is test_cuda_graph_sparse_mlp."""
     model = _model("llama", device="cuda")
     ids = _ids(batch=2, seq=7, device="cuda")
     kw = dict(max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0,
@@ -313,24 +316,79 @@ def test_cuda_generate_static_cache_compiled():
     ref = model.generate(ids, **kw)
     sparsify(model)
     torch._dynamo.reset()
-    model.forward = torch.compile(model.forward, mode="reduce-overhead")
-    assert torch.equal(model.generate(ids, **kw), ref)
+    model.forward = torch.compile(model.forward)
+    try:
+        assert torch.equal(model.generate(ids, **kw), ref)
+    finally:
+        torch._dynamo.reset()
+
+
+@needs_cuda
+def test_cuda_graph_sparse_mlp():
+    """One SparseMLP forward (bf16) captured in a torch.cuda.CUDAGraph after a warm-up on a side
+    stream, replayed on new inputs copied into the static input: each replay equals eager."""
+    d, h, n = 64, 176, 24
+    torch.manual_seed(5)
+    mlp = SparseMLP(d, h, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for lin in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            lin.weight.normal_(0, 0.1)
+    xs = [torch.randn(n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    with torch.no_grad():
+        ref = [mlp(x).clone() for x in xs]
+        static_x = xs[0].clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                mlp(static_x)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = mlp(static_x)
+        got = []
+        for x in reversed(xs):
+            static_x.copy_(x)
+            graph.replay()
+            got.append(static_y.clone())
+    torch.cuda.synchronize()
+    for a, r in zip(got, reversed(ref)):
+        assert torch.isfinite(a).all()
+        assert _rel(a, r) < 1e-2
+
+
+def _cache_kw(cache):
+    """The cache keyword of this transformers' LlamaModel.forward (5.17: past_key_values; later
+    5.x: cache)."""
+    import inspect
+
+    params = inspect.signature(transformers.LlamaModel.forward).parameters
+    return {("cache" if "cache" in params else "past_key_values"): cache, "use_cache": True}
 
 
 @needs_cuda
 def test_cuda_graph_decode_step_static_cache():
     """One decode step on a StaticCache captured in a CUDA graph and replayed: the hidden states
-    of every replay equal the eager twblas model's steps (and the dense model's, loosely)."""
+    of every replay equal the eager twblas model's steps (and the dense model's, loosely).
+
+    No cache crop (StaticLayer has none in transformers 5.17): the warm-up before capture is a
+    real step (the context's last token, the prefill having taken the ones before), and the
+    eager references run the same sequence on fresh caches; capture runs nothing, so each replay
+    advances the cache's length (a device tensor) by one."""
     model = _model("llama", dtype=torch.bfloat16, device="cuda")
     base = model.model
     ctx, steps, b = 9, 6, 2
     ids = _ids(batch=b, seq=ctx + steps, device="cuda")
 
+    def new_cache():
+        return transformers.StaticCache(config=model.config, max_cache_len=ctx + steps + 1)
+
     def run_eager(m):
-        cache = transformers.StaticCache(config=model.config, max_cache_len=ctx + steps + 1)
+        cache = new_cache()
         with torch.no_grad():
-            m(input_ids=ids[:, :ctx], cache=cache, use_cache=True)
-            return [m(input_ids=ids[:, ctx + i:ctx + i + 1], cache=cache, use_cache=True).last_hidden_state
+            m(input_ids=ids[:, :ctx - 1], **_cache_kw(cache))
+            m(input_ids=ids[:, ctx - 1:ctx], **_cache_kw(cache))
+            return [m(input_ids=ids[:, ctx + i:ctx + i + 1], **_cache_kw(cache)).last_hidden_state.clone()
                     for i in range(steps)]
 
     dense = run_eager(base)
@@ -339,22 +397,22 @@ def test_cuda_graph_decode_step_static_cache():
     for a, r in zip(eager, dense):
         assert _rel(a, r) < TOL[torch.bfloat16]
 
-    cache = transformers.StaticCache(config=model.config, max_cache_len=ctx + steps + 1)
+    cache = new_cache()
     tok = torch.zeros(b, 1, dtype=torch.long, device="cuda")
     with torch.no_grad():
-        base(input_ids=ids[:, :ctx], cache=cache, use_cache=True)
-        # warm up on a side stream (handles, workspaces), then undo that step in the cache
+        base(input_ids=ids[:, :ctx - 1], **_cache_kw(cache))
+        # the warm-up (handles, workspaces, the cache's lazy set-up) on a side stream: the real
+        # step of token ctx - 1
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            tok.copy_(ids[:, ctx:ctx + 1])
-            base(input_ids=tok, cache=cache, use_cache=True)
+            tok.copy_(ids[:, ctx - 1:ctx])
+            base(input_ids=tok, **_cache_kw(cache))
         torch.cuda.current_stream().wait_stream(s)
-        cache.crop(-1)
+        torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = base(input_ids=tok, cache=cache, use_cache=True).last_hidden_state
-        # capture ran nothing: the cache's length (a device tensor) advances on each replay
+            out = base(input_ids=tok, **_cache_kw(cache)).last_hidden_state
         got = []
         for i in range(steps):
             tok.copy_(ids[:, ctx + i:ctx + i + 1])
