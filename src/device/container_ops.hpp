@@ -68,8 +68,7 @@ class ContainerOps {
     twStatus_t capacity_status(cudaStream_t stream, const twSpMatDescr &out);
     /// Where a kernel leaves the few bytes that decide a setup call's status for the host: the
     /// mapped staging memory, read after the stream's work with no copy queued behind it (a
-    /// kernel + sync took 12.7 us on an H100 against 16.0 with a pinned copy after it,
-    /// bench/results/h100-readback-probe-2026-11-25.txt).
+    /// kernel + sync took 12.7 us on an H100 against 16.0 with a pinned copy after it).
     template <class T> T *published() const {
         static_assert(sizeof(T) <= sizeof(Staging), "what is published fits the staging memory");
         return reinterpret_cast<T *>(staging_.device());

@@ -517,7 +517,6 @@ void run_dense_mode(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, 
     // the statistics beside the down GEMM, off the path; the GEMM enqueued first, so that its
     // tiles take the SMs before the statistics' blocks: in the other order (and no memset node
     // before them) 256 tokens took 54.6 us against 51.4 on an H100, llm-29
-    // (bench/results/h100-dense-stats-lean-2026-11-26g.txt)
     st.branch.mark(stream);
     st.gemm.run(stream, 1.0f, {b.h, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type}, down_t_operand(st.weights(p), p),
                 {y.values, y.ld, p.type}, s.lt_workspace, s.lt_bytes);

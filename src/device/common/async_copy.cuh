@@ -25,7 +25,7 @@ __device__ inline void cp_async4(void *dst, const void *src) {
 /// 16 bytes read once (not kept in L1), asking L2 to fetch the whole 256-byte block around them:
 /// for weight streams whose warp instructions each take a short piece of many rows, so that the
 /// rest of each row's block, which other warps read next, is not a DRAM request of its own
-/// (bench/probes/gate_stream_probe.cu: 46.6 us against 49.6 for Llama's 117 MB gate).
+/// (measured on an H100, a gate-shaped stream of Llama-3-8B's 117 MB gate: 46.6 us against 49.6).
 __device__ inline uint4 load_stream_256(const void *p) {
     uint4 v;
     asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"

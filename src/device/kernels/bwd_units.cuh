@@ -107,7 +107,7 @@ constexpr int kUnitThreads = 64, kUnitBatch = 64;
 // 16-byte loads of X and dY rows in flight a lane: 2 x 4 entries, and for the hot units' groups
 // (one 512-thread block an SM, 89 registers) 2 x 8. On an H100, 8 units on every token (bench
 // uniform-6+hot-8, same call): 64-entry batches 715 us a step, 256-entry batches 566, and 8
-// entries in flight 553 (bench/results/h100-hot-units-2026-11-27.txt)
+// entries in flight 553
 #ifdef TWBLAS_HOT_UNIT_AHEAD
 constexpr int kHotUnitAhead = TWBLAS_HOT_UNIT_AHEAD;
 #else

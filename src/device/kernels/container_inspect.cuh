@@ -237,7 +237,7 @@ __device__ inline bool twell_block_head_ok(const uint32_t *block, int64_t t, con
 
 /// TwELL validation in one launch: blocks below `row_blocks` check a row a warp (lanes over its
 /// tiles) for the first failing row, the others the record (one launch fewer than a kernel each:
-/// ~3.6 us of host time a launch on an H100, bench/probes/readback_probe.cu). `vec`: the buffer
+/// ~3.6 us of host time a launch on an H100). `vec`: the buffer
 /// is 16-byte aligned (blocks then are too: a block is a multiple of eight words). A dependent
 /// launch after it (twell_rows_to_dense) may start once all its blocks have.
 constexpr int kCheckThreads = 128;

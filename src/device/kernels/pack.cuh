@@ -130,14 +130,13 @@ __global__ void __launch_bounds__(512) pack_rows(PackArgs<T> a) {
 /// overflow (-1) or long-row (-2) verdict and l1, and the per-unit counts. A block per row, its
 /// warps taking 256-column steps side by side: one warp per row, 22 dependent steps at H = 5632,
 /// took 28 us at M = 64 (ncu). Beside the down GEMM its work is latency (ncu at M = 4: pack_rows's
-/// dense mode, which did this before, ran ~730 instructions a warp, one every 13 cycles,
-/// bench/NOTES.md), so the step is lean: the units by
+/// dense mode, which did this before, ran ~730 instructions a warp, one every 13 cycles), so the
+/// step is lean: the units by
 /// popcount, one reduction over the tile's lanes, the l1 over every value of h (+0 where z is
 /// not active, and adding +0 leaves the sum's bits as the masked sum's).
 /// Eight warps a row at every M: 16 up to 32 tokens (which the older pass needed, its last block
-/// reducing with one warp: bench/NOTES.md) were slower with this pass on an H100, llm-29 M = 16
-/// 38.7 us against 37.4 with 8, M = 32 37.6 against 37.3, M = 4 level
-/// (bench/results/h100-dense-stats-warps-2026-11-26g.txt).
+/// reducing with one warp) were slower with this pass on an H100, llm-29 M = 16
+/// 38.7 us against 37.4 with 8, M = 32 37.6 against 37.3, M = 4 level.
 constexpr int kDenseStatsWarps = 8;
 
 template <class T>

@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     // serve_down may start its blocks once every block of this grid has started (the rule of
     // common/dependent_launch.cuh): it waits for this grid's end and its writes before it reads
     // anything of it. (Measured on an H100 against the trigger at the end: the same times within
-    // 1.5 %, M = 1 to 128, both shapes; bench/NOTES.md.)
+    // 1.5 %, M = 1 to 128, both shapes.)
     allow_dependent_launch();
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
     const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
 // kernels (masks and h by 8-unit tiles, then y from per-token lists; 17 to 128 tokens) whose
 // grids were each a chain of dependent round trips with the SMs active half the time (ncu at
 // M = 64), and a team-per-(token, split) kernel with split sums (129 to 256 tokens): 8 to 15 %
-// faster than either on an H100 (bench/NOTES.md). A block per (column split, token):
+// faster than either on an H100 (docs/performance-notes.md). A block per (column split, token):
 //   1. x_t into shared memory (before the wait: x is not the gate's);
 //   2. the token's mask words from its gate row, a thread per run of words, and the list of its
 //      active units with g by a block scan (ranks in unit order, so the list ascends);

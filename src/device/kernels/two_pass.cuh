@@ -14,7 +14,7 @@ namespace twblas::cuda {
 // fwd_u: 8 warps per block (one per active unit in flight); fwd_y: 64 threads of 16-byte chunks
 // = 512 bf16 columns per block
 // (-DTWBLAS_FWD_U_WARPS=N and -DTWBLAS_FWD_UNROLL=N build others, to time them. On an H100, same
-// call, bench/results/h100-fwd-warps-unroll-2026-11-27b.txt: 16 warps 6.5 % slower at 512 tokens
+// call: 16 warps 6.5 % slower at 512 tokens
 // and 7-8 % at 4096 and 16384; an unroll of 16 level)
 #ifdef TWBLAS_FWD_U_WARPS
 constexpr int kFwdUWarps = TWBLAS_FWD_U_WARPS;
