@@ -317,11 +317,12 @@ class FfnTimer:
 
 
 class Energy:
-    """NVML board energy over a span: the total-energy counter where the GPU has one, and board
-    power sampled on a thread (every `period` s) and integrated."""
+    """NVML board energy over a span: the total-energy counter read before and after (no thread)
+    where the GPU has one; only where it is missing, board power sampled on a thread (every
+    `period` s, 100 ms: a faster thread competes for the GIL in host-bound loops) and integrated."""
 
-    def __init__(self, device, period=0.01):
-        self.ok, self.period = False, period
+    def __init__(self, device, period=0.1):
+        self.ok, self.period, self.counter = False, period, False
         if device.type != "cuda":
             return
         try:
@@ -338,6 +339,7 @@ class Energy:
             self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h)
             self.counter = True
         except Exception:  # noqa: BLE001
+            log("  (energy: no NVML energy counter; sampling power every 100 ms instead)")
             self.counter = False
 
     def _handle(self, device):
@@ -356,9 +358,11 @@ class Energy:
     def start(self):
         if not self.ok:
             return
-        self.samples, self.stop_flag = [], threading.Event()
-        self.e0 = self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h) if self.counter else None
         self.t0 = time.perf_counter()
+        if self.counter:
+            self.e0 = self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h)
+            return
+        self.samples, self.stop_flag = [], threading.Event()
 
         def run():
             while not self.stop_flag.is_set():
@@ -376,34 +380,38 @@ class Energy:
         if not self.ok:
             return None, None, None
         t1 = time.perf_counter()
-        e1 = self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h) if self.counter else None
-        self.stop_flag.set()
-        self.thread.join()
-        s = self.samples
-        integ = None
-        if len(s) >= 2:
-            integ = sum(0.5 * (s[i][1] + s[i + 1][1]) * (s[i + 1][0] - s[i][0]) for i in range(len(s) - 1))
-            # the ends: held at the first / last sample
-            integ += s[0][1] * (s[0][0] - self.t0) + s[-1][1] * (t1 - s[-1][0])
-        counter = (e1 - self.e0) / 1e3 if self.counter else None
+        counter = integ = None
+        if self.counter:
+            counter = (self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h) - self.e0) / 1e3
+        else:
+            self.stop_flag.set()
+            self.thread.join()
+            s = self.samples
+            if len(s) >= 2:
+                integ = sum(0.5 * (s[i][1] + s[i + 1][1]) * (s[i + 1][0] - s[i][0]) for i in range(len(s) - 1))
+                # the ends: held at the first / last sample
+                integ += s[0][1] * (s[0][0] - self.t0) + s[-1][1] * (t1 - s[-1][0])
+            elif len(s) == 1:
+                integ = s[0][1] * (t1 - self.t0)
         joules = counter if counter is not None else integ
         watts = joules / (t1 - self.t0) if joules is not None and t1 > self.t0 else None
         return counter, integ, watts
 
 
 # ---------------------------------------------------------------------------------------------
-# one point: warm-up, iteration count from the warm-up's time, the timed loop with energy
+# one point: every variant prepared and warmed up, then rounds alternating the variants (each a
+# timed loop with energy), the median over rounds per variant
 
 
-def timed_loop(fn, clock, energy, warmup, iters, min_s, max_iters):
-    t_one = None
-    for _ in range(max(1, warmup)):
-        clock.sync()
-        t0 = time.perf_counter()
-        fn()
-        clock.sync()
-        t_one = time.perf_counter() - t0
-    n = max(iters, min(max_iters, int(math.ceil(min_s / max(t_one, 1e-6)))))
+def time_one(fn, clock):
+    clock.sync()
+    t0 = time.perf_counter()
+    fn()
+    clock.sync()
+    return time.perf_counter() - t0
+
+
+def timed_loop(fn, clock, energy, n):
     marks = []
     clock.sync()
     energy.start()
@@ -413,20 +421,37 @@ def timed_loop(fn, clock, energy, warmup, iters, min_s, max_iters):
         marks.append(clock.mark())
     clock.sync()
     counter, integ, watts = energy.stop()
-    per = sorted(clock.ms(marks[i], marks[i + 1]) for i in range(n))
-    total = clock.ms(marks[0], marks[-1])
-    return {"ms": total / n, "ms_median": per[n // 2], "ms_min": per[0], "iters": n,
-            "_j_counter": counter, "_j_sampled": integ, "avg_power_w": watts}
+    per = [clock.ms(marks[i], marks[i + 1]) for i in range(n)]
+    return {"ms": clock.ms(marks[0], marks[-1]) / n, "per": per, "iters": n,
+            "j_counter": counter, "j_sampled": integ, "watts": watts}
 
 
-def finish(rec, t, tokens_per_iter):
-    ms = t.pop("ms")
-    rec.update(ms=ms, tokens_per_s=tokens_per_iter / ms * 1e3)
-    rec.update({k: v for k, v in t.items() if not k.startswith("_")})
-    n = t["iters"] * tokens_per_iter
-    rec["j_per_token"] = (t["_j_counter"] if t["_j_counter"] is not None else t["_j_sampled"])
-    rec["j_per_token"] = rec["j_per_token"] / n if rec["j_per_token"] is not None else None
-    rec["j_per_token_sampled"] = t["_j_sampled"] / n if t["_j_sampled"] is not None else None
+def _median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+def aggregate(loops, tokens_per_iter):
+    """A variant's record fields from its rounds' timed loops."""
+    ms_rounds = [t["ms"] for t in loops]
+    per = sorted(x for t in loops for x in t["per"])
+    iters = sum(t["iters"] for t in loops)
+    ms = _median(ms_rounds)
+    rec = {"ms": ms, "tokens_per_s": tokens_per_iter / ms * 1e3, "ms_median": _median(per), "ms_min": per[0],
+           "iters": iters, "rounds": len(loops), "ms_rounds": [round(x, 4) for x in ms_rounds],
+           "ms_spread": (max(ms_rounds) - min(ms_rounds)) / ms if ms else None}
+    n = iters * tokens_per_iter
+    jc = [t["j_counter"] for t in loops]
+    js = [t["j_sampled"] for t in loops]
+    jc = sum(jc) if all(j is not None for j in jc) else None
+    js = sum(js) if all(j is not None for j in js) else None
+    j = jc if jc is not None else js
+    rec["j_per_token"] = j / n if j is not None else None
+    rec["j_per_token_sampled"] = js / n if js is not None else None
+    rec["energy_source"] = "nvml-counter" if jc is not None else "nvml-sampled-100ms" if js is not None else None
+    w = [t["watts"] for t in loops if t["watts"] is not None]
+    rec["avg_power_w"] = sum(w) / len(w) if w else None
     return rec
 
 
@@ -440,6 +465,13 @@ def peak_gib(device):
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return None
+
+
+def allocated(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated(device)
+    return 0
 
 
 def free(device):
@@ -471,11 +503,52 @@ def active_after(model, variant, fn):
     return sparse_active(model)
 
 
+def weight_copy_bytes(mlps):
+    """Bytes of weight copies the library keeps for these SparseMLPs (0: weights read in place)."""
+    op = getattr(getattr(torch.ops, "twblas", None), "ffn_weight_copy_bytes", None)
+    total = 0
+    try:
+        for m in mlps:
+            total += int(op(m.gate_proj.weight if getattr(m, "gate_proj", None) is not None else None,
+                            m.up_proj.weight, m.down_proj.weight))
+    except Exception as e:  # noqa: BLE001
+        return f"unavailable ({type(e).__name__}: {e})"[:200]
+    return total
+
+
+class Variants:
+    """The model with its dense MLP modules or their SparseMLP replacements (same Parameters) in
+    place: use(variant) swaps layer.mlp."""
+
+    def __init__(self, model, sparsify, names):
+        self.model, self.layers = model, list(model.model.layers)
+        self.mlps = {"dense": [layer.mlp for layer in self.layers]}
+        if "twblas" in names:
+            _, n = sparsify(model, return_count=True)
+            self.mlps["twblas"] = [layer.mlp for layer in self.layers]
+            log(f"  sparsify: {n} MLPs replaced (the dense modules kept; variants swap layer.mlp)")
+            self.use("dense")
+
+    def use(self, variant):
+        for layer, m in zip(self.layers, self.mlps[variant]):
+            layer.mlp = m
+
+
+class Prepared:
+    """One variant's state at one point: fn (one timed iteration), tokens per iteration, counts,
+    after() (ffn_ms, active units; run once after the rounds) and close()."""
+
+    def __init__(self, fn, tokens, iters, max_iters, after, close=None, **extra):
+        self.fn, self.tokens, self.iters, self.max_iters = fn, tokens, iters, max_iters
+        self.after, self.close, self.extra = after, close or (lambda: None), extra
+
+
 # ---------------------------------------------------------------------------------------------
-# the modes
+# the modes: prepare(ctx, model, variant, batch, seq, steps) -> Prepared, with `variant`'s modules
+# in place; `steps` bounds the calls of fn (warm-up and every round)
 
 
-def run_prefill(ctx, model, variant, batch, seq):
+def prep_prefill(ctx, model, variant, batch, seq, steps):
     base, clock = model.model, ctx.clock
     ids = gen_ids((batch, seq), ctx.vocab, 1000 + batch, ctx.device)
 
@@ -483,26 +556,26 @@ def run_prefill(ctx, model, variant, batch, seq):
         with torch.inference_mode():
             base(input_ids=ids, use_cache=False)
 
-    t = timed_loop(fn, clock, ctx.energy, ctx.it["prefill_warmup"], ctx.it["prefill_iters"], ctx.it["min_s"], 1000)
-    rec = {"peak_gib": peak_gib(ctx.device)}
-    ffn = FfnTimer(mlps_of(model), clock)
-    try:
-        fn()
-        rec["ffn_ms"] = ffn.total_ms()
-    finally:
-        ffn.remove()
-    sub = ids[:min(batch, 4)]
-    with torch.inference_mode():
-        rec["active_per_layer"] = active_after(model, variant, lambda: base(input_ids=sub, use_cache=False))
-    rec.update(finish({}, t, batch * seq))
-    return rec
+    def after():
+        rec = {}
+        ffn = FfnTimer(mlps_of(model), clock)
+        try:
+            fn()
+            rec["ffn_ms"] = ffn.total_ms()
+        finally:
+            ffn.remove()
+        sub = ids[:min(batch, 4)]
+        with torch.inference_mode():
+            rec["active_per_layer"] = active_after(model, variant, lambda: base(input_ids=sub, use_cache=False))
+        return rec
+
+    return Prepared(fn, batch * seq, ctx.it["prefill_iters"], 1000, after)
 
 
-def run_decode_eager(ctx, model, variant, batch, seq):
+def prep_decode_eager(ctx, model, variant, batch, seq, steps):
     base, clock, dc = model.model, ctx.clock, ctx.decode_ctx
-    steps_max = ctx.it["decode_max"] + ctx.it["decode_warmup"] + 8
     ids = gen_ids((batch, dc), ctx.vocab, 2000 + batch, ctx.device)
-    step_ids = gen_ids((steps_max, batch, 1), ctx.vocab, 3000 + batch, ctx.device)
+    step_ids = gen_ids((steps + 16, batch, 1), ctx.vocab, 3000 + batch, ctx.device)
     state = {"i": 0}
     with torch.inference_mode():
         cache = make_dynamic_cache(model.config)
@@ -514,20 +587,25 @@ def run_decode_eager(ctx, model, variant, batch, seq):
         with torch.inference_mode():
             base(input_ids=step_ids[i], **cache_kwargs(cache))
 
-    t = timed_loop(fn, clock, ctx.energy, ctx.it["decode_warmup"], ctx.it["decode_iters"], ctx.it["min_s"],
-                   ctx.it["decode_max"])
-    rec = {"peak_gib": peak_gib(ctx.device)}
-    ffn = FfnTimer(mlps_of(model), clock)
-    try:
-        for _ in range(3):
-            fn()
-        rec["ffn_ms"] = ffn.total_ms() / 3
-    finally:
-        ffn.remove()
-    rec["active_per_layer"] = active_after(model, variant, fn)
-    rec.update(finish({}, t, batch))
-    rec["ctx"] = dc
-    return rec
+    def after():
+        rec = {}
+        ffn = FfnTimer(mlps_of(model), clock)
+        try:
+            for _ in range(3):
+                fn()
+            rec["ffn_ms"] = ffn.total_ms() / 3
+        finally:
+            ffn.remove()
+        rec["active_per_layer"] = active_after(model, variant, fn)
+        rec["ctx"] = dc
+        rec["ctx_end"] = dc + state["i"]
+        return rec
+
+    def close():
+        nonlocal cache
+        cache = None
+
+    return Prepared(fn, batch, ctx.it["decode_iters"], ctx.it["decode_max"], after, close)
 
 
 def _rewinder(cache, pos):
@@ -542,13 +620,19 @@ def _rewinder(cache, pos):
     return rewind if pos is None else (lambda: None)  # with cache_position the step never advances
 
 
-def run_decode_graph(ctx, model, variant, batch, seq):
+def _rewinder_ok(cache):
+    layers = getattr(cache, "layers", [])
+    return bool(layers) and all(isinstance(getattr(l, "cumulative_length", None), torch.Tensor) for l in layers)
+
+
+def prep_decode_graph(ctx, model, variant, batch, seq, steps):
     if ctx.device.type != "cuda":
         raise RuntimeError("CUDA graphs need a CUDA device")
-    base, clock, dc = model.model, ctx.clock, ctx.decode_ctx
-    warm, n_max = 3, ctx.it["graph_max"]
+    base, dc = model.model, ctx.decode_ctx
+    warm = 3
     ids = gen_ids((batch, dc), ctx.vocab, 2000 + batch, ctx.device)
-    step_ids = gen_ids((warm + n_max + 16, batch), ctx.vocab, 3000 + batch, ctx.device)
+    n_ids = warm + steps + 16
+    step_ids = gen_ids((n_ids, batch), ctx.vocab, 3000 + batch, ctx.device)
     step_idx = torch.zeros(1, dtype=torch.long, device=ctx.device)
     pos = torch.full((1,), dc, dtype=torch.long, device=ctx.device) if needs_cache_position() else None
     # every step decodes token dc + 1 (the cache is rewound on the device after it), so the cache
@@ -584,26 +668,24 @@ def run_decode_graph(ctx, model, variant, batch, seq):
 
     def fn():
         replays["n"] += 1
-        if replays["n"] > n_max + 8:
+        if warm + replays["n"] > n_ids - 2:
             raise RuntimeError("out of step ids")
         graph.replay()
 
-    t = timed_loop(fn, clock, ctx.energy, 2, ctx.it["graph_iters"], ctx.it["min_s"], n_max)
-    rec = {"peak_gib": peak_gib(ctx.device), "ffn_ms": None}
-    with torch.inference_mode():
-        rec["active_per_layer"] = active_after(model, variant, step)  # one eager step
-    rec.update(finish({}, t, batch))
-    rec["ctx"] = dc
-    del graph, cache
-    return rec
+    def after():
+        rec = {"ffn_ms": None, "ctx": dc}
+        with torch.inference_mode():
+            rec["active_per_layer"] = active_after(model, variant, step)  # one eager step
+        return rec
+
+    def close():
+        nonlocal graph, cache
+        graph = cache = None
+
+    return Prepared(fn, batch, ctx.it["graph_iters"], ctx.it["graph_max"], after, close)
 
 
-def _rewinder_ok(cache):
-    layers = getattr(cache, "layers", [])
-    return bool(layers) and all(isinstance(getattr(l, "cumulative_length", None), torch.Tensor) for l in layers)
-
-
-def run_train(ctx, model, variant, batch, seq):
+def prep_train(ctx, model, variant, batch, seq, steps):
     clock = ctx.clock
     ids = gen_ids((batch, seq), ctx.vocab, 4000 + batch, ctx.device)
     model.train()
@@ -619,9 +701,8 @@ def run_train(ctx, model, variant, batch, seq):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    try:
-        t = timed_loop(fn, clock, ctx.energy, ctx.it["train_warmup"], ctx.it["train_iters"], ctx.it["min_s"], 50)
-        rec = {"peak_gib": peak_gib(ctx.device)}
+    def after():
+        rec = {"l1_coeff": coeff}
         ffn = FfnTimer(mlps, clock, backward=True)
         try:
             fn()
@@ -629,17 +710,118 @@ def run_train(ctx, model, variant, batch, seq):
         finally:
             ffn.remove()
         rec["active_per_layer"] = active_after(model, variant, fn)
-    finally:
+        return rec
+
+    def close():
+        nonlocal opt
         model.eval()
-        del opt
+        opt = None
         model.zero_grad(set_to_none=True)
-    rec.update(finish({}, t, batch * seq))
-    rec["l1_coeff"] = coeff
-    return rec
+
+    return Prepared(fn, batch * seq, ctx.it["train_iters"], 50, after, close)
 
 
-RUNNERS = {"prefill": run_prefill, "decode-eager": run_decode_eager, "decode-graph": run_decode_graph,
-           "train": run_train}
+PREPARE = {"prefill": prep_prefill, "decode-eager": prep_decode_eager, "decode-graph": prep_decode_graph,
+           "train": prep_train}
+WARMUP = {"prefill": "prefill_warmup", "decode-eager": "decode_warmup", "decode-graph": "decode_warmup",
+          "train": "train_warmup"}
+MAX_ITERS = {"prefill": 1000, "decode-eager": "decode_max", "decode-graph": "graph_max", "train": 50}
+
+
+def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
+    """Prepares every variant (its modules in place), warms them up alternating, then `rounds`
+    rounds of one timed loop per variant (the order reversed every other round). Returns
+    {variant: record fields or {"error": ...}}."""
+    device, clock, it = ctx.device, ctx.clock, ctx.it
+    warm = max(2, it[WARMUP[mode]])
+    mx = MAX_ITERS[mode]
+    mx = it[mx] if isinstance(mx, str) else mx
+    steps = warm + rounds * mx + 8  # calls of fn a variant may make
+    preps, held, errors, out = {}, {}, {}, {}
+    try:
+        for v in variants:
+            m0 = allocated(device)
+            vs.use(v)
+            try:
+                preps[v] = PREPARE[mode](ctx, model, v, batch, seq, steps)
+                preps[v].fn()  # lazy set-up (handles, workspaces, the caches' first growth)
+                held[v] = allocated(device) - m0  # what this variant's state keeps during the others'
+            except Exception as e:  # noqa: BLE001
+                errors[v] = e
+                log(f"  {v:6s} {mode:12s} b {batch:3d}: FAILED in set-up: {type(e).__name__}: {e}"[:400])
+                traceback.print_exc(file=sys.stdout)
+                p = preps.pop(v, None)
+                if p is not None:
+                    p.close()
+        live = [v for v in variants if v in preps]
+        # the warm-up, alternating, so that no variant pays for being measured first; the last
+        # call's time sets the loop's iteration count
+        t_one = {}
+        for _ in range(warm - 1):
+            for v in list(live):
+                vs.use(v)
+                try:
+                    t_one[v] = time_one(preps[v].fn, clock)
+                except Exception as e:  # noqa: BLE001
+                    errors[v] = e
+                    live.remove(v)
+        n = {v: max(preps[v].iters, min(preps[v].max_iters,
+                                        int(math.ceil(it["min_s"] / max(t_one.get(v, 1.0), 1e-6)))))
+             for v in live}
+        loops = {v: [] for v in live}
+        peaks = {v: [] for v in live}
+        for r in range(rounds):
+            for v in (live if r % 2 == 0 else live[::-1]):
+                if v in errors:
+                    continue
+                vs.use(v)
+                peak_reset(device)
+                try:
+                    loops[v].append(timed_loop(preps[v].fn, clock, ctx.energy, n[v]))
+                except Exception as e:  # noqa: BLE001
+                    errors[v] = e
+                    continue
+                p = peak_gib(device)
+                if p is not None:
+                    p -= sum(held[u] for u in held if u != v) / 2**30
+                peaks[v].append(p)
+        for v in live:
+            if v in errors:
+                continue
+            vs.use(v)
+            try:
+                rec = aggregate(loops[v], preps[v].tokens)
+                rec["peak_gib"] = max(peaks[v]) if peaks[v] and peaks[v][0] is not None else None
+                rec.update(preps[v].after())
+                out[v] = rec
+            except Exception as e:  # noqa: BLE001
+                errors[v] = e
+    finally:
+        for v, p in preps.items():
+            vs.use(v)
+            p.close()
+        preps.clear()
+    for v, e in errors.items():
+        out[v] = {"error": f"{type(e).__name__}: {e}"}
+        if e.__traceback__ is not None:
+            traceback.print_exception(type(e), e, e.__traceback__, file=sys.stdout)
+    sys.stdout.flush()
+    return out
+
+
+def warm_model(ctx, model, vs, variants):
+    """A few small forwards of every variant before the first point (allocator, handles, the
+    host's first-call costs), so that the first point measured pays for none of it."""
+    ids = gen_ids((1, 32), ctx.vocab, 99, ctx.device)
+    for _ in range(3):
+        for v in variants:
+            vs.use(v)
+            with torch.inference_mode():
+                cache = make_dynamic_cache(model.config)
+                model.model(input_ids=ids, **cache_kwargs(cache))
+                for i in range(4):
+                    model.model(input_ids=ids[:, i:i + 1], **cache_kwargs(cache))
+    ctx.clock.sync()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -704,7 +886,11 @@ def main():
                          "by orders of magnitude)")
     ap.add_argument("--dead", type=float, default=0.0, help="fraction of units that never fire (e.g. 0.3)")
     ap.add_argument("--dtype", default=None, help="bf16 (default), fp16, fp32")
-    ap.add_argument("--min-s", type=float, default=None, help="least seconds per timed loop (energy)")
+    ap.add_argument("--min-s", type=float, default=None,
+                    help="least seconds per timed loop, one loop per variant and round (0.5; --quick 0.4)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds per point, each one timed loop per variant, alternating (5; --quick 3); "
+                         "train runs one round per variant, one variant after the other")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/<gpu>-model.json)")
     ap.add_argument("--append", action="store_true", help="keep the file's records of models not run now")
     ap.add_argument("--seed", type=int, default=0)
@@ -752,14 +938,15 @@ def main():
           "decode_warmup": 3, "decode_iters": 20 if quick else 50, "decode_max": 200,
           "graph_iters": 50 if quick else 200, "graph_max": 1000,
           "train_warmup": 1 if quick else 2, "train_iters": 2 if quick else 5,
-          "min_s": args.min_s if args.min_s is not None else (0.0 if args.tiny else 1.0 if quick else 2.0)}
+          "min_s": args.min_s if args.min_s is not None else (0.0 if args.tiny else 0.4 if quick else 0.5)}
+    rounds = args.rounds or (3 if quick else 5)
 
     if args.dry_run:
         for name in models:
             for mode, batch, seq in points_for(args, name, modes):
                 log(f"{name} ({MODELS[name]['layers']} layers) {mode} batch {batch} seq {seq} "
                     f"{'ctx ' + str(args.decode_ctx) if mode.startswith('decode') else ''} x {','.join(variants)}")
-        log(f"iterations: {it}")
+        log(f"iterations: {it}, rounds {rounds}")
         return
 
     import transformers
@@ -780,7 +967,12 @@ def main():
            "twblas": twv, "cuda": torch.version.cuda, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "dtype": str(dtype).replace("torch.", ""), "quick": bool(args.quick), "tiny": bool(args.tiny),
            "argv": sys.argv[1:], "method": "LlamaModel body (no LM head) for prefill/decode; LlamaForCausalLM "
-           "with labels for train; random token ids; CUDA events; sdpa attention",
+           "with labels for train; random token ids; CUDA events; sdpa attention; the variants interleaved: one model, "
+           "layer.mlp swapped between the dense module and its SparseMLP (same Parameters; down_proj.weight in the "
+           "in-place layout for both), every variant warmed up alternating, then rounds of one timed loop per "
+           "variant (order reversed every other round), ms the median over rounds; train one round per variant "
+           "from the same weights; energy from NVML's energy counter around each loop",
+           "rounds": rounds, "iterations": it,
            "planted": {"active_units_target": k, "bias_channel": 0, "bias_value": 1.0, "embed_std": 1.0,
                        "scaled_init": True, "skew": args.skew, "dead": args.dead}, "records": []}
     if args.append and os.path.exists(out):
@@ -794,7 +986,7 @@ def main():
 
     ctx = Ctx()
     ctx.device, ctx.dtype, ctx.args, ctx.it, ctx.decode_ctx = device, dtype, args, it, args.decode_ctx
-    ctx.clock, ctx.energy = Clock(device), Energy(device)
+    ctx.clock, ctx.energy, ctx.rounds = Clock(device), Energy(device), rounds
     t_start = time.perf_counter()
     budget = args.budget_s if args.budget_s is not None else (230.0 if args.quick else 570.0)
     skipped = []
@@ -813,49 +1005,61 @@ def main():
         log(f"\n## {name}: {spec['layers']} layers, D {spec['d']}, H {spec['h']}, vocab {spec['vocab']}; built and "
             f"planted in {time.perf_counter() - t0:.1f} s (thresholds {thresholds[0]:.4g} .. {thresholds[-1]:.4g}); "
             f"weights {torch.cuda.memory_allocated(device) / 2**30 if device.type == 'cuda' else 0:.2f} GiB")
-        snapshot = None
-        for vi, variant in enumerate(variants):
-            if variant == "twblas":
-                _, n = sparsify(model, return_count=True)
-                log(f"  sparsify: {n} MLPs replaced")
-            for mode, batch, seq in pts:
-                if time.perf_counter() - t_start > budget:
-                    skipped.append(f"{name} {variant} {mode} b{batch}")
-                    continue
-                if mode == "train" and vi + 1 < len(variants) and snapshot is None:
-                    # the optimizer moves the weights: the next variant starts from the same ones
-                    snapshot = [p.detach().clone() for p in model.parameters()]
+        vs = Variants(model, sparsify, variants)
+        warm_model(ctx, model, vs, variants)
+        copy_bytes = weight_copy_bytes(vs.mlps["twblas"]) if "twblas" in vs.mlps else None
+        if copy_bytes is not None:
+            log(f"  twblas FFN weight copies: {copy_bytes} bytes (0: the weights are read in place)")
+        for mode, batch, seq in pts:
+            if time.perf_counter() - t_start > budget:
+                skipped += [f"{name} {v} {mode} b{batch}" for v in variants]
+                continue
+            tp = time.perf_counter()
+            if mode == "train":
+                # the optimizer moves the weights: every variant starts from the same ones, one
+                # after the other (one round each; AdamW's state is the variant's own)
+                snapshot = [p.detach().clone() for p in model.parameters()]
+                res = {}
+                try:
+                    for v in variants:
+                        res.update(run_point(ctx, model, vs, [v], mode, batch, seq, 1))
+                        with torch.no_grad():
+                            for p, s in zip(model.parameters(), snapshot):
+                                p.copy_(s)
+                finally:
+                    del snapshot
+                    free(device)
+            else:
+                res = run_point(ctx, model, vs, variants, mode, batch, seq, ctx.rounds)
+            for variant in variants:
                 rec = {"model": name, "layers": spec["layers"], "d_model": spec["d"], "d_ff": spec["h"],
                        "mode": mode, "batch": batch, "seq": seq, "variant": variant}
-                tp = time.perf_counter()
-                peak_reset(device)
-                try:
-                    rec.update(RUNNERS[mode](ctx, model, variant, batch, seq))
+                r = res.get(variant, {"error": "not run"})
+                rec.update(r)
+                if variant == "twblas":
+                    rec["ffn_weight_copy_bytes"] = (weight_copy_bytes(vs.mlps["twblas"])
+                                                    if "twblas" in vs.mlps else None)
+                if "error" in rec:
+                    log(f"  {variant:6s} {mode:12s} b {batch:3d} x {seq:5d}: FAILED {rec['error'][:300]}")
+                else:
                     apl, rec["active_max"] = rec.pop("active_per_layer")
                     rec["active_units"] = sum(apl) / len(apl) if apl else None
                     rec["active_units_per_layer"] = [round(a, 2) for a in apl]
                     rec["ffn_share"] = rec["ffn_ms"] / rec["ms"] if rec.get("ffn_ms") is not None else None
+                    nan = float("nan")
                     log(f"  {variant:6s} {mode:12s} b {batch:3d} x {seq:5d}: {rec['ms']:9.3f} ms "
-                        f"(median {rec['ms_median']:.3f}, {rec['iters']} it), {rec['tokens_per_s']:12.1f} tok/s, "
-                        f"peak {rec['peak_gib'] if rec['peak_gib'] is not None else float('nan'):6.2f} GiB, "
-                        f"{rec['j_per_token'] * 1e3 if rec['j_per_token'] is not None else float('nan'):8.4f} mJ/tok, "
-                        f"ffn {rec['ffn_ms'] if rec.get('ffn_ms') is not None else float('nan'):8.3f} ms, "
-                        f"active {rec['active_units']:.1f}  [{time.perf_counter() - tp:.1f} s]")
-                except Exception as e:  # noqa: BLE001
-                    rec["error"] = f"{type(e).__name__}: {e}"
-                    log(f"  {variant:6s} {mode:12s} b {batch:3d} x {seq:5d}: FAILED {rec['error'][:300]}")
-                    traceback.print_exc(file=sys.stdout)
-                    sys.stdout.flush()
+                        f"(rounds {', '.join(f'{x:.3f}' for x in rec['ms_rounds'])}; spread "
+                        f"{rec['ms_spread'] * 100 if rec['ms_spread'] is not None else nan:.1f}%, {rec['iters']} it), "
+                        f"{rec['tokens_per_s']:12.1f} tok/s, "
+                        f"peak {rec['peak_gib'] if rec['peak_gib'] is not None else nan:6.2f} GiB, "
+                        f"{rec['j_per_token'] * 1e3 if rec['j_per_token'] is not None else nan:8.4f} mJ/tok, "
+                        f"ffn {rec['ffn_ms'] if rec.get('ffn_ms') is not None else nan:8.3f} ms, "
+                        f"active {rec['active_units']:.1f}")
                 doc["records"].append(rec)
-                write_json(out, doc)
-                free(device)
-            if snapshot is not None and vi + 1 < len(variants):
-                with torch.no_grad():
-                    for p, s in zip(model.parameters(), snapshot):
-                        p.copy_(s)
-                snapshot = None
-                free(device)
-        del model
+            log(f"    [{mode} b {batch}: {time.perf_counter() - tp:.1f} s]")
+            write_json(out, doc)
+            free(device)
+        del vs, model
         free(device)
         log(f"  [{name}: {time.perf_counter() - t0:.1f} s]")
     doc["seconds"] = round(time.perf_counter() - t_start, 1)
