@@ -10,8 +10,13 @@ then CUDA events around the timed loop. Modes
                 replayed (new token ids read by the graph itself; the cache advances on device)
   train         LlamaForCausalLM forward (labels = ids), backward, AdamW step (twblas adds the
                 paper's L1 term, --l1-coeff, from the kernels' l1)
-Per point: ms (mean per forward / step), tokens_per_s, peak_gib (max_memory_allocated, reset per
-point), j_per_token (NVML energy counter over the timed loop; power sampled on a thread as well),
+The variants are interleaved (README.md): one model, layer.mlp swapped between the dense module
+and its SparseMLP (same Parameters); per point every variant is set up and warmed up,
+alternating, then --rounds rounds of one timed loop per variant.
+Per point: ms (the median over rounds of the loops' mean per forward / step; ms_rounds,
+ms_spread), tokens_per_s, peak_gib (max_memory_allocated per loop, less the other variant's
+state), j_per_token (NVML's energy counter read around each loop; power sampled on a thread
+every 100 ms only where there is no counter), ffn_weight_copy_bytes (twblas records),
 ffn_ms (CUDA events around the MLP modules, forward hooks; in train the MLPs' backward too,
 through autograd marks; measured in separate iterations so the hooks do not touch the timed
 loop), active_units (gate > 0 per token per layer: hooks on the dense gate_proj, or
@@ -934,10 +939,10 @@ def main():
             spec["layers"] = args.layers
 
     quick = args.quick or args.tiny
-    it = {"prefill_warmup": 1 if quick else 2, "prefill_iters": 3 if quick else 10,
-          "decode_warmup": 3, "decode_iters": 20 if quick else 50, "decode_max": 200,
-          "graph_iters": 50 if quick else 200, "graph_max": 1000,
-          "train_warmup": 1 if quick else 2, "train_iters": 2 if quick else 5,
+    it = {"prefill_warmup": 2, "prefill_iters": 2 if quick else 5,
+          "decode_warmup": 3, "decode_iters": 20 if quick else 30, "decode_max": 200,
+          "graph_iters": 50 if quick else 100, "graph_max": 1000,
+          "train_warmup": 2, "train_iters": 2 if quick else 5,
           "min_s": args.min_s if args.min_s is not None else (0.0 if args.tiny else 0.4 if quick else 0.5)}
     rounds = args.rounds or (3 if quick else 5)
 

@@ -46,8 +46,8 @@ def table(doc):
     out.append("")
     out.append("| model | mode | batch x seq | dense ms | twblas ms | speedup | dense tok/s | twblas tok/s "
                "| peak GiB dense / twblas | mJ/token dense / twblas | FFN ms dense / twblas (speedup) "
-               "| FFN share (dense) | active units dense / twblas |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+               "| FFN share (dense) | active units dense / twblas | rounds' spread dense / twblas |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (model, layers, mode, batch, seq), d, t in rows(doc):
         name = f"{model} ({layers} L)"
         shape = f"{batch} x {seq}" if not mode.startswith("decode") else f"{batch} (ctx {(d or t or {}).get('ctx', '?')})"
@@ -67,6 +67,7 @@ def table(doc):
             f"{_f(fd, '{:.3f}')} / {_f(ft, '{:.3f}')} ({_f(_ratio(fd, ft), '{:.2f}x')})",
             _f(g(d, "ffn_share"), "{:.0%}"),
             f"{_f(g(d, 'active_units'), '{:.1f}')} / {_f(g(t, 'active_units'), '{:.1f}')}",
+            f"{_f(g(d, 'ms_spread'), '{:.1%}')} / {_f(g(t, 'ms_spread'), '{:.1%}')}",
         ]) + " |" + (f" {err}" if err else ""))
     return "\n".join(out)
 
