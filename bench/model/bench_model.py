@@ -754,7 +754,6 @@ def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
             except Exception as e:  # noqa: BLE001
                 errors[v] = e
                 log(f"  {v:6s} {mode:12s} b {batch:3d}: FAILED in set-up: {type(e).__name__}: {e}"[:400])
-                traceback.print_exc(file=sys.stdout)
                 p = preps.pop(v, None)
                 if p is not None:
                     p.close()
