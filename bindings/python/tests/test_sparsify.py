@@ -333,7 +333,11 @@ def test_cuda_graph_sparse_mlp():
     with torch.no_grad():
         for lin in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
             lin.weight.normal_(0, 0.1)
+        # a few units a token, as in a sparse model: input channel 0 is 1 and gives every gate -1.5
+        mlp.gate_proj.weight[:, 0] = -1.5
     xs = [torch.randn(n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    for x in xs:
+        x[:, 0] = 1
     with torch.no_grad():
         ref = [mlp(x).clone() for x in xs]
         static_x = xs[0].clone()
