@@ -179,7 +179,14 @@ def batch_section(results):
 # ---- training
 
 def train_section(results):
-    run = load(results, "h100-train.json")
+    out = []
+    for name in ("h200-train.json", "h100-train.json"):
+        out += train_tables(load(results, name), first=not out)
+    run = load(results, "h100-train-eager.json")
+    return out + train_eager_tables(run)
+
+
+def train_tables(run, first):
     out = []
     if run:
         body = []
@@ -194,7 +201,7 @@ def train_section(results):
             body.append([k[2], str(k[3]), f"{t.get('mean_nnz', 0):.1f}",
                          "SAVE_DENSE" if variant.endswith("save_dense") else "", ms(t["ms"]), ms(de),
                          rx(ratio(de, t["ms"])), f"{t.get('saved_over_dense_h', 0):.3f}", errs])
-        out += ["## 3. Training: forward + backward", "", f"### {run.gpu()}, the paper's shape, 16384 tokens", "",
+        out += (["## 3. Training: forward + backward", ""] if first else [""]) + [f"### {run.gpu()}, the paper's shape, 16384 tokens", "",
                 f"From {run.source()}; {SHAPE_NAME[PAPER]}, bf16, l1Coeff 1e-3, one forward + backward replayed "
                 "from a CUDA graph. Baseline: the dense step in the same run, cuBLASLt [g | u] = X [Wg; Wu]^T, "
                 "h = ReLU(g) u, Y = h Wd; dH = dY Wd^T, the element-wise backward (L1 term included), dX, "
@@ -203,7 +210,11 @@ def train_section(results):
                 "and 911 active units the FFN is in dense mode; those rows use TW_FFN_ATTR_SAVE_DENSE.", "",
                 table(["profile", "M", "active/token", "mode", "twblas step", "dense step", "vs dense",
                        "saved state / dense h", "rel. err dX, dW[g;u], dWd"], body)]
-    run = load(results, "h100-train-eager.json")
+    return out
+
+
+def train_eager_tables(run):
+    out = []
     if run:
         body = []
         for k, v in sorted(run.rows.items()):
@@ -281,8 +292,37 @@ def conv_section(results):
 
 # ---- FP8 weights
 
+def model_section(results, docs=None):
+    """The whole model (bench/model): its own report's table, and its plot beside this page's."""
+    path = os.path.join(results, "h200-model.json")
+    if not os.path.exists(path):
+        return []
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "model"))
+    import report  # bench/model/report.py
+
+    with open(path) as f:
+        doc = json.load(f)
+    if docs:
+        report.plot(doc, os.path.join(docs, "model-h200.png"))
+    return ["## 0. The whole model: Hugging Face Llama, dense against sparsify()", "",
+            "From `bench/results/h200-model.json` (`bench/model/bench_model.py`, method and planted sparsity in "
+            "[bench/model/README.md](../bench/model/README.md)): the paper's 2B shape (38 layers, D 2048, H 5632, "
+            "ReLU gated FFN), the model body without the LM head, the dense model and the same model after "
+            "`twblas.torch.sparsify()` in one process, alternating rounds. Baseline: the dense HF model "
+            "(PyTorch's matmuls). Eager decode is host-bound and the GPU machine's host alternated between a fast "
+            "and a slow state during the run (the rounds' spread column): its ratios are not meaningful.", "",
+            report.table(doc), "", "![the whole model, dense against twblas](model-h200.png)"]
+
+
 def fp8_section(results):
-    run = load(results, "h100-fp8.json")
+    out = []
+    for name in ("h200-fp8.json", "h100-fp8.json"):
+        t = fp8_tables(load(results, name), first=not out)
+        out += ([""] if out and t else []) + t
+    return out
+
+
+def fp8_tables(run, first):
     if not run:
         return []
     body = []
@@ -291,7 +331,7 @@ def fp8_section(results):
         err = run.get(k, "twblas_fp8", "rel_err_vs_dense")
         body.append([k[2], str(k[3]), ms(tw), ms(fp), ms(de), ms(ga), rx(ratio(de, tw)), rx(ratio(de, fp)),
                      rx(ratio(fp, ga), ""), "" if err is None else f"{err:.3f}"])
-    return ["## 5. FP8 weights (TW_COMPUTE_FP8_WEIGHTS)", "", f"### {run.gpu()}, the paper's shape", "",
+    return (["## 5. FP8 weights (TW_COMPUTE_FP8_WEIGHTS)", ""] if first else []) + [f"### {run.gpu()}, the paper's shape", "",
             f"From {run.source()}; {SHAPE_NAME[PAPER]}. The opt-in reads the active units' up and down rows as FP8 "
             "E4M3 with a scale per row (docs/api-guide.md, section 4); the gate stays bf16. Baseline: " + DENSE_FFN +
             ", and the gate GEMM alone. The last column is the FP8 result's normwise distance from the dense "
@@ -384,7 +424,8 @@ def plots(results, docs):
 RENDERED = {"h100-serving.json", "h100-serving-llama.json", "h100-serving-llm29.json", "h200-serving.json",
             "h200-serving-llama.json", "h200-serving-llm29.json", "h100-full.json", "h100-train.json",
             "h100-train-eager.json", "h100-conversions.json", "h100-conversions-gemm-to-sparse.json",
-            "h200-conversions-to-dense.json", "h100-fp8.json"}
+            "h200-conversions-to-dense.json", "h100-fp8.json", "h200-fp8.json", "h200-train.json",
+            "h200-model.json"}
 
 
 def main():
@@ -405,8 +446,11 @@ def main():
             "within one file (one run on one card); between runs the same card varies by a few per cent. "
             "Why the numbers are what they are, and what was tried and rejected: "
             "[performance-notes.md](performance-notes.md).", "",
-            "Sections: 1. serving and decode (1-512 tokens); 2. prefill-size FFN (4096 tokens and more, "
+            "Sections: 0. the whole model; 1. serving and decode (1-512 tokens); 2. prefill-size FFN (4096 tokens and more, "
             "sparsity profiles, cuSPARSE); 3. training; 4. conversions; 5. FP8 weights."]
+    lines = model_section(a.results, None if a.no_plots else a.docs)
+    if lines:
+        text += [""] + lines
     for section in (serving_section, batch_section, train_section, conv_section, fp8_section):
         lines = section(a.results)
         if lines:
