@@ -15,11 +15,16 @@ file that came along with the code. Bytes are the tokens (vocabulary 256).
     python3 examples/pytorch/train_sparse_lm.py --device cpu --steps 20 --d-model 128 --layers 2 \
         --seq 64 --batch 8 --out runs/cpu-smoke          (a quick check of the script itself)
     torchrun --nproc_per_node=N examples/pytorch/train_sparse_lm.py --batch B ...
+    torchrun --nproc_per_node=N examples/pytorch/train_sparse_lm.py --parallel fsdp2 --batch B ...
 
 Under torchrun (DDP, NCCL, one GPU per process) --batch is per process: every step draws the
 global batch of B x N sequences from one generator and each process takes its slice, so a run on N
 GPUs sees the same data as one GPU with --batch B x N; the logged loss is the mean over processes.
-Keep NVLink multicast off where it is (NCCL_NVLS_ENABLE=0).
+Keep NVLink multicast off where it is (NCCL_NVLS_ENABLE=0). --parallel fsdp2 shards every block
+and the model with FSDP2 (fully_shard) instead of DDP; FSDP2 takes contiguous parameters only, so
+the sparse model's down_proj weights are kept as nn.Linear stores them (the library then copies
+each one: docs/pytorch.md), and the per-layer statistics are not logged (the weights are sharded
+between steps).
 """
 
 import argparse
@@ -207,6 +212,8 @@ def main():
     ap.add_argument("--no-save-dense", dest="save_dense", action="store_false",
                     help="do not keep g and u for the backward while the FFNs run in dense mode (the early "
                          "steps, before sparsity emerges): less memory, slower steps (TW_FFN_ATTR_SAVE_DENSE)")
+    ap.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp2"],
+                    help="under torchrun: DistributedDataParallel, or FSDP2 (fully_shard per block)")
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="after training, run N more steps of each model under the torch profiler and write "
                          "where the time went (host, GPU kernels, idle GPU) to profile.txt and the log")
@@ -234,10 +241,20 @@ def main():
         torch.manual_seed(args.seed)  # the same initial weights for both
         m = LM(args.d_model, args.layers, args.heads, d_ff, args.seq, sparse=(name == "sparse"),
                save_dense=args.save_dense).to(device, dtype)
+        if world > 1 and args.parallel == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+
+            for blk in m.blocks:
+                down = getattr(blk.mlp, "down_proj", None)
+                if down is not None and not down.weight.is_contiguous():
+                    down.weight.data = down.weight.data.contiguous()  # FSDP2: contiguous parameters only
+                fully_shard(blk)
+            fully_shard(m)
         opts[name] = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.0)
-        if world > 1:
+        if world > 1 and args.parallel == "ddp":
             m = torch.nn.parallel.DistributedDataParallel(m, device_ids=[device.index] if device.type == "cuda" else None)
         models[name] = m
+    sharded = world > 1 and args.parallel == "fsdp2"
     timer = FfnTimer(device)
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -253,7 +270,7 @@ def main():
            "processes": world, "steps": []}
 
     def blocks(m):
-        return (m.module if world > 1 else m).blocks
+        return (m.module if world > 1 and not sharded else m).blocks
 
     def mean_over_processes(v):
         if world == 1:
@@ -281,7 +298,7 @@ def main():
             dt = time.perf_counter() - t0
             rec[name] = {"loss": mean_over_processes(ce.item()), "l1": float(l1.detach()), "ffn_ms": timer.total_ms(),
                          "step_ms": 1e3 * dt, "tokens_per_s": world * args.batch * args.seq / dt}
-            if name == "sparse":
+            if name == "sparse" and not sharded:
                 rec[name]["mean_active"] = [blk.mlp.stats()["mean_active"] for blk in blocks(m)]
                 if step % args.unit_stats_every == 0 or step == args.steps:
                     # how the active units are spread: firing rates since the last record
@@ -291,7 +308,7 @@ def main():
         log["steps"].append(rec)
         if rank == 0 and (step % 10 == 0 or step == 1 or step == args.steps):
             s, d = rec["sparse"], rec["dense"]
-            act = " ".join(f"{a:.0f}" for a in s["mean_active"])
+            act = " ".join(f"{a:.0f}" for a in s.get("mean_active", []))
             print(f"step {step:5d}  loss sparse {s['loss']:.3f} dense {d['loss']:.3f}  active/layer [{act}] of {d_ff}"
                   f"  ffn ms {s['ffn_ms']:.1f} vs {d['ffn_ms']:.1f}  tok/s {s['tokens_per_s']:.0f} vs {d['tokens_per_s']:.0f}",
                   flush=True)
@@ -340,7 +357,7 @@ def plot(log, d_ff, path):
     for n in ("sparse", "dense"):
         ax[0].plot(steps, [r[n]["loss"] for r in log["steps"]], label=n)
         ax[2].plot(steps, [r[n]["ffn_ms"] for r in log["steps"]], label=n)
-    layers = len(log["steps"][0]["sparse"]["mean_active"])
+    layers = len(log["steps"][0]["sparse"].get("mean_active", []))
     for i in range(layers):
         ax[1].plot(steps, [r["sparse"]["mean_active"][i] for r in log["steps"]], label=f"layer {i}")
     ax[0].set(title="training loss (cross entropy)", xlabel="step")
