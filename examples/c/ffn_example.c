@@ -11,7 +11,10 @@
  * The handle uses the CPU backend, so every pointer is host memory. With TW_BACKEND_CUDA the
  * same calls take device pointers (cudaMalloc + cudaMemcpy), the workspace included.
  *
- * Build: cc ffn_example.c $(pkg-config --cflags --libs twblas)  (or CMake: twblas::twblas).
+ * Build, against the Debian packages or a prefix install (for the latter, first
+ * export PKG_CONFIG_PATH=<prefix>/lib/pkgconfig; the rpath finds libtwblas.so.0 there at run time):
+ *   cc ffn_example.c $(pkg-config --cflags --libs twblas) -lm -Wl,-rpath,$(pkg-config --variable=libdir twblas) -o ffn_example
+ * or with CMake: find_package(twblas) and twblas::twblas. scripts/package.sh builds it with this line.
  * Returns 0 on success, 1 on any failed call or a wrong result.
  */
 #include <math.h>

@@ -6,6 +6,10 @@
 // matrix, read back densely and checked, like Y, against a naive double computation.
 // Every twblas object is owned by a C++ object; failures throw twblas::Exception.
 // Returns 0 on success, 1 on an exception or a wrong result.
+// Build, against the Debian packages or a prefix install (for the latter, first
+// export PKG_CONFIG_PATH=<prefix>/lib/pkgconfig; the rpath finds libtwblas.so.0 there at run time):
+//   c++ -std=c++17 ffn_example.cpp $(pkg-config --cflags --libs twblas) -Wl,-rpath,$(pkg-config --variable=libdir twblas) -o ffn_example_cpp
+// or with CMake: find_package(twblas) and twblas::twblas. scripts/package.sh builds it with this line.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -9,6 +9,9 @@
 #    -DCMAKE_PREFIX_PATH=<install prefix>; then the same with twblas::twblas_static;
 # 3. cc consumer.c $(pkg-config --cflags --libs twblas) -Wl,-rpath,<libdir>, with
 #    PKG_CONFIG_PATH set to wherever twblas.pc was installed (lib/ or lib/<multiarch>/), and runs it.
+#    twblas.pc holds absolute paths (the install prefix; /usr in the Debian packages): for packages
+#    extracted into a folder, set PKG_CONFIG_SYSROOT_DIR to it (scripts/package.sh does), and
+#    pkg-config maps /usr/... into it.
 # Exits non-zero at the first step that fails. CC overrides the C compiler (default cc).
 set -euo pipefail
 
