@@ -31,8 +31,13 @@ set(TWBLAS_PC_PRIVATE_LIBS "-lstdc++ -lm -lpthread")
 if(OpenMP_CXX_FOUND)
   string(APPEND TWBLAS_PC_PRIVATE_LIBS " -lgomp")
 endif()
+# The CUDA toolkit's library folder is a variable of its own: it is where the build found the
+# toolkit (e.g. /usr/local/cuda/lib64), which a user's machine may have elsewhere
+# (pkg-config --static --define-variable=cudalibdir=DIR).
+set(TWBLAS_PC_CUDA_VAR "")
 if(TWBLAS_WITH_CUDA)
-  string(APPEND TWBLAS_PC_PRIVATE_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcusparse -lcublasLt -lcublas -lcudart")
+  set(TWBLAS_PC_CUDA_VAR "# the CUDA toolkit's libraries (static linking), where this build found them\ncudalibdir=${CUDAToolkit_LIBRARY_DIR}\n")
+  string(APPEND TWBLAS_PC_PRIVATE_LIBS " -L\${cudalibdir} -lcusparse -lcublasLt -lcublas -lcudart")
 endif()
 
 # twblas_install_layout(<libdir> <runtime component> <dev component> <export set> <pc prefix>
@@ -211,7 +216,7 @@ set(CPACK_DEBIAN_DEB_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEB_DEV_PACKAGE_DEPENDS "${TWBLAS_DEB_RUNTIME_PACKAGE} (= ${TWBLAS_DEB_VERSION})")
 if(TWBLAS_WITH_CUDA)
   set(CPACK_COMPONENT_DEB_RUNTIME_DESCRIPTION
-      "twblas shared library with the CPU and CUDA (sm_80 and newer; sm_90a kernels for Hopper) backends.\n Needs the CUDA ${CUDAToolkit_VERSION_MAJOR} runtime, cuBLAS and cuSPARSE libraries of the toolkit.")
+      "twblas shared library with the CPU and CUDA backends (sm_80 and newer;\nsm_90a kernels for Hopper). Needs the CUDA ${CUDAToolkit_VERSION_MAJOR} runtime, cuBLAS and\ncuSPARSE libraries of the toolkit it was built with (not Debian packages).")
 else()
   set(CPACK_COMPONENT_DEB_RUNTIME_DESCRIPTION "twblas shared library (CPU backend)")
 endif()

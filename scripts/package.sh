@@ -47,8 +47,9 @@ for deb in "$out"/*.deb; do
 done
 
 echo "== Depends against the NEEDED entries of the shared libraries each package ships =="
-# the CUDA toolkit's libraries: not Debian packages (the runtime package's description says so)
-cuda_libs='^lib(cudart|cublas|cublasLt|cusparse|cusolver|cufft|curand|nvJitLink|nvrtc|nvToolsExt)\.so'
+# the CUDA toolkit's libraries (and the driver's libcuda): not Debian packages here (the runtime
+# package's description says so)
+cuda_libs='^lib(cuda|cudart|cublas|cublasLt|cusparse|cusolver|cufft|curand|nvJitLink|nvrtc|nvToolsExt)\.so'
 # the Debian package holding the library a NEEDED entry names, as this machine resolves it
 lib_package() {
   local path alt
