@@ -32,8 +32,8 @@
 //    while other calls use it);
 //  - a descriptor that holds a copy of some weight (TW_FFN_ATTR_WEIGHT_COPY_BYTES > 0, or a
 //    library without that attribute) is refreshed with twFfnUpdateWeights, on the current
-//    stream, when a weight's version counter changed (an optimizer step); weights read in place
-//    need nothing;
+//    stream, before every call (a version counter does not see every write: FSDP2's all-gather
+//    into the same storage); weights read in place need nothing;
 //  - dense descriptors are made per call (cheap in C); workspaces and the saved state come from
 //    torch's allocator (at::empty); nothing is read back and nothing synchronises: l1 is written
 //    by the library into its tensor (TW_FFN_ATTR_L1_OUTPUT) and the backward reads l1's gradient
@@ -285,10 +285,6 @@ Weights weights_of(const OptTensor& w_gate, const Tensor& w_up, const Tensor& w_
     return ws;
 }
 
-uint32_t version_of(const Tensor& t) {
-    const auto& vc = t.unsafeGetTensorImpl()->version_counter();
-    return vc.enabled() ? vc.current_version() : 0;  // inference tensors have none
-}
 
 struct Key {  // no padding: compared and hashed as bytes
     void* ptr[3];
@@ -343,7 +339,6 @@ class Ffn {
             if (!w.defined()) continue;
             impls_[i].emplace(w.getIntrusivePtr());
             storages_[i].emplace(w.storage().getWeakStorageImpl());
-            versions_[i] = version_of(w);
             descr_[i] = i == 2 ? down_of(w) : rows_of(w);
         }
         check(twCreateFfn(h, &d_, gated_ ? TW_FFN_GATED_RELU : TW_FFN_RELU, descr_[0].get(), descr_[1].get(),
@@ -381,20 +376,14 @@ class Ffn {
         return true;
     }
 
-    // with `mu` held: a copy re-read (twFfnUpdateWeights, on h's stream) when a weight changed
-    void sync_weights(twHandle_t h, const Weights& ws) {
+    // with `mu` held: a copy re-read (twFfnUpdateWeights, on h's stream, in stream order) before
+    // every call. Not only when a version counter moved: FSDP2 all-gathers new values into the
+    // same storage without one, and a stale copy would silently use last step's weights. Weights
+    // read in place (the layouts SparseMLP keeps) cost nothing here.
+    void sync_weights(twHandle_t h, const Weights&) {
         if (!keeps_copy_) return;
-        uint32_t v[3] = {0, 0, 0};
-        bool changed = false;
-        for (int i = 0; i < 3; ++i) {
-            if (!ws.w[i].defined()) continue;
-            v[i] = version_of(ws.w[i]);
-            changed |= v[i] != versions_[i];
-        }
-        if (!changed) return;
         check(twFfnUpdateWeights(h, d_, descr_[0].get(), descr_[1].get(), descr_[2].get()), h,
               "twFfnUpdateWeights");
-        std::copy(v, v + 3, versions_);
     }
 
     // with `mu` held: TW_FFN_ATTR_SAVE_DENSE, set when it changes
@@ -423,7 +412,6 @@ class Ffn {
     void* l1_coeff_ = nullptr;
     std::optional<WeakImpl> impls_[3];
     std::optional<WeakStorage> storages_[3];
-    uint32_t versions_[3] = {0, 0, 0};
     DnMat descr_[3];  // what twCreateFfn was given (twFfnUpdateWeights takes them again)
 };
 

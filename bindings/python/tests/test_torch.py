@@ -471,6 +471,23 @@ def test_in_place_weight_update_without_optimizer():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_weights_written_without_a_version_change(device):
+    # `.data` writes (and FSDP2's all-gathers into the same storage) leave the version counter as it
+    # was: a descriptor that keeps a copy (the CPU backend always; CUDA for nn.Linear's contiguous
+    # down_proj.weight) must still use the new values
+    torch.manual_seed(16)
+    dense = DenseMLP(16, 32, True).to(device)
+    x = torch.randn(4, 16, device=device)
+    with torch.no_grad():
+        sparse_ffn(x, *_weights(dense))
+        versions = [p._version for p in dense.parameters()]
+        for p in dense.parameters():
+            p.data.mul_(-1.5)
+        assert [p._version for p in dense.parameters()] == versions
+        assert _rel(sparse_ffn(x, *_weights(dense))[0], dense(x)[0]) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_compile_inductor_fullgraph_forward_and_backward(device):
     # the default backend (inductor): the ops' fake kernels, the C++ autograd traced into the
     # joint graph, the saved state of dynamic length between the two graphs
