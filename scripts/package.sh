@@ -65,7 +65,7 @@ for deb in "$out"/*.deb; do
   depends=$(dpkg-deb --field "$deb" Depends)
   description=$(dpkg-deb --field "$deb" Description)
   # the package names Depends allows (alternatives included, versions and architectures dropped)
-  allowed=" $(tr ',|' '\n\n' <<< "$depends" | sed 's/(.*//; s/:.*//; s/ //g' | tr '\n' ' ') "
+  allowed=" $(tr ',|' '\n' <<< "$depends" | sed 's/(.*//; s/:.*//; s/ //g' | tr '\n' ' ') "
   x=$(mktemp -d)
   dpkg-deb -x "$deb" "$x"
   shipped=$(find "$x" \( -type f -o -type l \) -name '*.so*' -printf '%f\n')
@@ -127,7 +127,8 @@ for src in examples/c/ffn_example.c examples/cpp/ffn_example.cpp; do
   cp "$root/$src" "$ex/"
   echo "$src: $line"
   (cd "$ex" && env -u LD_LIBRARY_PATH bash -c "$line") || fail "$src: its build line fails"
-  prog=$(sed 's/.* -o \([^ ]*\).*/\1/' <<< "$line")
+  prog=${line##* -o }
+  prog=${prog%% *}
   # no LD_LIBRARY_PATH: the rpath of the build line finds the library
   (cd "$ex" && env -u LD_LIBRARY_PATH "./$prog" > "$prog.log") || { cat "$ex/$prog.log"; fail "$src: ./$prog fails"; }
   tail -1 "$ex/$prog.log"
