@@ -4,7 +4,7 @@
 # externally managed, PEP 668), torch (the CPU build from PyTorch's index, else PyPI's), pytest,
 # transformers, scikit-build-core and ninja; builds the package with --no-build-isolation (its ops
 # are compiled against that torch) and runs the tests from outside the tree, so that the installed
-# package is the one imported.
+# package is the one imported; then the README's Python program.
 #   scripts/python-test.sh
 #     PYTHON=python3 scripts/python-test.sh   that Python and its environment instead of a venv
 #     TWBLAS_PYTHON_VENV=DIR                  the venv's folder (default build/python-venv)
@@ -61,3 +61,5 @@ echo "== building the twblas Python package (CPU backend, against $("$py" -c 'im
 echo "== pytest bindings/python/tests =="
 cd "$(mktemp -d)"
 "$py" -m pytest -q "$root/bindings/python/tests"
+echo "== the README's Python program (examples/pytorch/quickstart.py) =="
+"$py" "$root/examples/pytorch/quickstart.py"
