@@ -639,45 +639,45 @@ std::tuple<Tensor, Tensor> sparse_ffn(const Tensor& x, const OptTensor& w_gate, 
     return {y, l1};
 }
 
-std::vector<double> ffn_stats(const OptTensor& w_gate, const Tensor& w_up, const Tensor& w_down) {
+// the checked weights' CUDA device, where they are on one (for a device guard)
+std::optional<c10::Device> cuda_device_of(const OptTensor& w_gate, const Tensor& w_up, const Tensor& w_down) {
     check_weights(w_gate, w_up, w_down);
-    const c10::Device dev = w_up.device();
+    return w_up.device().is_cuda() ? std::optional<c10::Device>(w_up.device()) : std::nullopt;
+}
+
+// A weight set's descriptor for the queries below (statistics, counts, attributes): on the
+// weights' device, this thread's handle, the descriptor locked
+struct QueriedFfn {
     c10::OptionalDeviceGuard guard;
-    if (dev.is_cuda()) guard.reset_device(dev);
-    const Weights ws = weights_of(w_gate, w_up, w_down);
-    twHandle_t h = handle_for(dev);
-    UsingFfn use(h, ws);
+    twHandle_t h;
+    UsingFfn use;
+    QueriedFfn(const OptTensor& w_gate, const Tensor& w_up, const Tensor& w_down)
+        : guard(cuda_device_of(w_gate, w_up, w_down)), h(handle_for(w_up.device())),
+          use(h, weights_of(w_gate, w_up, w_down)) {}
+    twFfnDescr_t ffn() const { return use.ffn->get(); }
+};
+
+std::vector<double> ffn_stats(const OptTensor& w_gate, const Tensor& w_up, const Tensor& w_down) {
+    QueriedFfn q(w_gate, w_up, w_down);
     twFfnStats_t s{};
-    check(twFfnGetStats(h, use.ffn->get(), &s), h, "twFfnGetStats");
+    check(twFfnGetStats(q.h, q.ffn(), &s), q.h, "twFfnGetStats");
     return {static_cast<double>(s.tokens), s.meanRowNnz, static_cast<double>(s.maxRowNnz),
             static_cast<double>(s.overflowRows), s.l1};
 }
 
 Tensor ffn_neuron_counts(const OptTensor& w_gate, const Tensor& w_up, const Tensor& w_down, bool reset) {
-    check_weights(w_gate, w_up, w_down);
-    const c10::Device dev = w_up.device();
-    c10::OptionalDeviceGuard guard;
-    if (dev.is_cuda()) guard.reset_device(dev);
-    const Weights ws = weights_of(w_gate, w_up, w_down);
+    QueriedFfn q(w_gate, w_up, w_down);
     Tensor counts = at::empty({w_up.size(0)}, w_up.options().dtype(at::kLong));
-    twHandle_t h = handle_for(dev);
-    UsingFfn use(h, ws);
-    check(twFfnGetNeuronCounts(h, use.ffn->get(), counts.data_ptr<int64_t>()), h, "twFfnGetNeuronCounts");
-    if (reset) check(twFfnResetNeuronCounts(h, use.ffn->get()), h, "twFfnResetNeuronCounts");
+    check(twFfnGetNeuronCounts(q.h, q.ffn(), counts.data_ptr<int64_t>()), q.h, "twFfnGetNeuronCounts");
+    if (reset) check(twFfnResetNeuronCounts(q.h, q.ffn()), q.h, "twFfnResetNeuronCounts");
     return counts;
 }
 
 // TW_FFN_ATTR_WEIGHT_COPY_BYTES of the weights' descriptor (-1: a library without it)
 int64_t ffn_weight_copy_bytes(const OptTensor& w_gate, const Tensor& w_up, const Tensor& w_down) {
-    check_weights(w_gate, w_up, w_down);
-    const c10::Device dev = w_up.device();
-    c10::OptionalDeviceGuard guard;
-    if (dev.is_cuda()) guard.reset_device(dev);
-    const Weights ws = weights_of(w_gate, w_up, w_down);
-    twHandle_t h = handle_for(dev);
-    UsingFfn use(h, ws);
+    QueriedFfn q(w_gate, w_up, w_down);
     int64_t bytes = -1;
-    if (twFfnGetAttribute(use.ffn->get(), static_cast<twFfnAttribute_t>(kAttrWeightCopyBytes), &bytes,
+    if (twFfnGetAttribute(q.ffn(), static_cast<twFfnAttribute_t>(kAttrWeightCopyBytes), &bytes,
                           sizeof bytes) != TW_STATUS_SUCCESS)
         bytes = -1;
     return bytes;

@@ -23,15 +23,7 @@ except AttributeError:  # a twblas.torch from before the re-export
 D, H, V, LAYERS = 64, 176, 128, 2
 
 
-def _cuda_usable():
-    if not torch.cuda.is_available():
-        return False
-    try:
-        sparse_ffn(torch.zeros(1, 8, device="cuda"), None, torch.zeros(8, 8, device="cuda"),
-                   torch.zeros(8, 8, device="cuda"))
-        return True
-    except RuntimeError:  # a library built without the CUDA backend
-        return False
+from _support import cuda_usable as _cuda_usable  # noqa: E402
 
 
 CUDA = _cuda_usable()

@@ -11,15 +11,7 @@ import twblas.torch as twblas_torch
 from twblas.torch import SparseMLP, sparse_ffn
 
 
-def _cuda_usable():
-    if not torch.cuda.is_available():
-        return False
-    try:
-        sparse_ffn(torch.zeros(1, 8, device="cuda"), None, torch.zeros(8, 8, device="cuda"),
-                   torch.zeros(8, 8, device="cuda"))
-        return True
-    except RuntimeError:  # a library built without the CUDA backend
-        return False
+from _support import cuda_usable as _cuda_usable  # noqa: E402
 
 
 DEVICES = ["cpu"] + (["cuda"] if _cuda_usable() else [])
