@@ -40,6 +40,8 @@ else
   py=$venv/bin/python
 fi
 pip=("$py" -m pip install --progress-bar off)
+# torch.compile's CPU backend (inductor, tested here) compiles C++ that includes Python.h
+[[ -f "$("$py" -c 'import sysconfig; print(sysconfig.get_path("include"))')/Python.h" ]] || apt_install python3-dev
 
 if ! "$py" -c "import torch" 2>/dev/null; then
   echo "== installing torch (CPU build; a few hundred MB the first time) =="
