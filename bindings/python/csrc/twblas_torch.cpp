@@ -339,6 +339,7 @@ class Ffn {
             if (!w.defined()) continue;
             impls_[i].emplace(w.getIntrusivePtr());
             storages_[i].emplace(w.storage().getWeakStorageImpl());
+            memory_[i] = w.storage().data_ptr().get();
             descr_[i] = i == 2 ? down_of(w) : rows_of(w);
         }
         check(twCreateFfn(h, &d_, gated_ ? TW_FFN_GATED_RELU : TW_FFN_RELU, descr_[0].get(), descr_[1].get(),
@@ -369,10 +370,16 @@ class Ffn {
         return true;
     }
 
-    // false once a weight is freed: nothing can use this descriptor again
+    // false once a weight is freed, or its storage moved to other memory (FSDP2 frees and
+    // re-allocates the same storage every step): nothing can use this descriptor again, and
+    // keeping it would keep its copy of the weights
     bool alive() const {
-        for (int i = 0; i < 3; ++i)
-            if (impls_[i] && (impls_[i]->expired() || storages_[i]->expired())) return false;
+        for (int i = 0; i < 3; ++i) {
+            if (!impls_[i]) continue;
+            if (impls_[i]->expired()) return false;
+            const c10::intrusive_ptr<c10::StorageImpl> s = storages_[i]->lock();
+            if (!s || s->data_ptr().get() != memory_[i]) return false;
+        }
         return true;
     }
 
@@ -412,6 +419,7 @@ class Ffn {
     void* l1_coeff_ = nullptr;
     std::optional<WeakImpl> impls_[3];
     std::optional<WeakStorage> storages_[3];
+    const void* memory_[3] = {nullptr, nullptr, nullptr};  // each storage's memory at creation
     DnMat descr_[3];  // what twCreateFfn was given (twFfnUpdateWeights takes them again)
 };
 

@@ -250,6 +250,30 @@ def test_backward_on_another_thread_uses_the_forwards_descriptor(device):
     assert _rel(sparse.down_proj.weight.grad, dense.down_proj.weight.grad) < 1e-5
 
 
+def test_descriptors_of_moved_storage_are_dropped():
+    # FSDP2 frees a weight's storage after use and re-allocates the same storage for the next
+    # step, often elsewhere: descriptors of the old memory (each may hold a weight copy) must not
+    # pile up
+    torch.manual_seed(17)
+    dense = DenseMLP(16, 32, True)
+    x = torch.randn(4, 16)
+    ws = _weights(dense)
+    held = torch.ops.twblas._cache_info()[0]
+    keep = []
+    with torch.no_grad():
+        for _ in range(6):
+            for w in ws:
+                values = w.clone()
+                storage = w.untyped_storage()
+                nbytes = storage.nbytes()
+                storage.resize_(0)
+                keep.append(torch.empty(nbytes, dtype=torch.uint8))  # takes the freed memory
+                storage.resize_(nbytes)
+                w.copy_(values)
+            assert _rel(sparse_ffn(x, *ws)[0], dense(x)[0]) < 1e-5
+    assert torch.ops.twblas._cache_info()[0] <= held + 1
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph(device):
     torch.manual_seed(4)
