@@ -606,6 +606,10 @@ class FfnFunction : public torch::autograd::Function<FfnFunction> {
         ctx->saved_data["gated"] = gated;
         ctx->save_for_backward({x, gated ? *w_gate : Tensor(), w_up, w_down, saved});
         ctx->mark_non_differentiable({saved});
+        // undefined incoming gradients stay undefined: by default autograd would fill a zero
+        // gradient for every output without one, and `saved` never has one (a memset of the
+        // whole saved state per layer and backward, with its allocation, for nothing)
+        ctx->set_materialize_grads(false);
         return {y, l1, saved};
     }
 
@@ -613,9 +617,14 @@ class FfnFunction : public torch::autograd::Function<FfnFunction> {
                                                    torch::autograd::variable_list grads) {
         const auto s = ctx->get_saved_variables();
         const bool gated = ctx->saved_data["gated"].toBool();
-        // undefined incoming gradients are materialised as zeros (the default)
+        const Tensor& x = s[0];
+        if (!grads[0].defined() && !grads[1].defined())  // neither y nor l1 reached the loss: zero gradients
+            return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+        // y or l1 unused by the loss: its gradient is zero (l1's is one fp32 value)
+        const Tensor dy = grads[0].defined() ? grads[0] : at::zeros(x.sizes(), x.options());
+        const Tensor dl1 = grads[1].defined() ? grads[1] : at::zeros({}, x.options().dtype(at::kFloat));
         auto [dx, dwg, dwu, dwd] =
-            backward_op().call(s[0], gated ? OptTensor(s[1]) : OptTensor(), s[2], s[3], s[4], grads[0], grads[1]);
+            backward_op().call(x, gated ? OptTensor(s[1]) : OptTensor(), s[2], s[3], s[4], dy, dl1);
         return {dx, gated ? dwg : Tensor(), dwu, dwd, Tensor(), Tensor()};
     }
 };

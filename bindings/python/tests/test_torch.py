@@ -6,6 +6,7 @@ built with the CUDA backend.
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import twblas.torch as twblas_torch
 from twblas.torch import SparseMLP, sparse_ffn
@@ -111,6 +112,50 @@ def test_l1_gradient_alone(device):
     dense(x)[1].backward()
     assert g.abs().max() > 0
     assert _rel(g, x.grad) < 1e-5
+
+
+class _ZeroFills(TorchDispatchMode):
+    """Bytes of every tensor that an op creates filled with zeros (zeros, zeros_like, new_zeros)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in ("zeros", "zeros_like", "new_zeros"):
+            self.made.append((out.dtype, out.numel() * out.element_size()))
+        return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use", ["both", "y", "l1"])
+def test_backward_fills_no_zero_gradient_for_the_saved_state(device, use):
+    # the op's third output (the saved state, uint8, as large as a fraction of h) never gets a
+    # gradient: the backward must not allocate and zero-fill one per layer and step. An unused
+    # y or l1 still gives the right gradients (a zero dy, or a zero l1 coefficient)
+    torch.manual_seed(3)
+    dense = DenseMLP(16, 48, True, device=device)
+    x = torch.randn(2, 9, 16, device=device, requires_grad=True)
+    dy = torch.randn(2, 9, 16, device=device)
+    y, l1 = sparse_ffn(x, *_weights(dense))
+    loss = {"both": (y * dy).sum() + 0.3 * l1, "y": (y * dy).sum(), "l1": 0.3 * l1}[use]
+    zeros = _ZeroFills()
+    with zeros:
+        loss.backward()
+    assert not [m for m in zeros.made if m[0] == torch.uint8], zeros.made
+    allowed = {"both": 0, "y": 4, "l1": x.numel() * x.element_size()}[use]  # the missing dl1 or dy
+    assert sum(b for _, b in zeros.made) <= allowed, zeros.made
+    got = [t.grad.clone() for t in (x,) + _weights(dense)]
+    for t in (x,) + _weights(dense):
+        t.grad = None
+    yr, l1r = dense(x)
+    {"both": (yr * dy).sum() + 0.3 * l1r, "y": (yr * dy).sum(), "l1": 0.3 * l1r}[use].backward()
+    for g, t in zip(got, (x,) + _weights(dense)):
+        if t.grad is None:  # l1 alone: the dense down_proj gets no gradient, twblas's is zero
+            assert (g == 0).all()
+        else:
+            assert _rel(g, t.grad) < 1e-5
 
 
 @pytest.mark.parametrize("device", DEVICES)
