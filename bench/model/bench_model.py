@@ -19,15 +19,19 @@ state), j_per_token (NVML's energy counter read around each loop; power sampled 
 every 100 ms only where there is no counter), ffn_weight_copy_bytes (twblas records),
 ffn_ms (CUDA events around the MLP modules, forward hooks; in train the MLPs' backward too,
 through autograd marks; measured in separate iterations so the hooks do not touch the timed
-loop), active_units (gate > 0 per token per layer: hooks on the dense gate_proj, or
-SparseMLP.stats()).
+loop), outside_ffn_ms (the rest of those same iterations), active_units (gate > 0 per token per
+layer: hooks on the dense gate_proj, or SparseMLP.stats()); train also ms_iters (each timed step).
 
 Sparsity is planted in the real model (README.md): a bias channel of the residual stream and a
 calibrated negative gate component, about --active-units (29) of d_ff units per token per layer.
+The model `learned` is examples/pytorch/train_sparse_lm.py's small LM instead, trained here with
+its L1 term first (--learned-steps, at most --learned-max-s seconds): a sparsity pattern it learned.
 
     python3 bench/model/bench_model.py --quick                 # 2B only, < 4 min on an H200
     python3 bench/model/bench_model.py --models 0.5b,1b --append
+    python3 bench/model/bench_model.py --models learned --modes prefill,train --append
     python3 bench/model/bench_model.py --tiny --device cpu     # the script end to end (numbers meaningless)
+    python3 bench/model/bench_model.py --tiny --device cpu --models tiny,learned
     python3 bench/model/report.py bench/results/h200-model.json
 
 Results: bench/results/<gpu>-model.json (written after every point; --append keeps the records of
@@ -66,7 +70,12 @@ MODELS = {
     "2b": dict(layers=38, d=2048, h=5632, heads=32, kv=32, vocab=49152, rope=10000.0),
     "llama3-8b": dict(layers=4, d=4096, h=14336, heads=32, kv=8, vocab=128256, rope=500000.0),
     "tiny": dict(layers=2, d=64, h=176, heads=4, kv=4, vocab=128, rope=10000.0),
+    # examples/pytorch/train_sparse_lm.py's LM at its default shape (byte vocabulary, learned
+    # positions of `seq`), trained here before it is measured (build_learned); its prefill and train
+    # points use its own seq and training batch
+    "learned": dict(layers=4, d=512, h=2048, heads=8, kv=8, vocab=256, seq=256, batch=32),
 }
+LEARNED_TINY = dict(layers=2, d=64, h=256, heads=4, kv=4, vocab=256, seq=64, batch=4)
 MODES = ("prefill", "decode-eager", "decode-graph", "train")
 
 
@@ -244,6 +253,167 @@ def sparse_active(model):
 
 
 # ---------------------------------------------------------------------------------------------
+# a model with a learned sparsity pattern: the small LM of examples/pytorch/train_sparse_lm.py,
+# trained here with its L1 term, then measured like the others (its dense twin's MLPs are what
+# sparsify() replaces)
+
+TEXT_SUFFIXES = (".md", ".txt", ".py", ".h", ".hpp", ".cpp", ".cu", ".cuh", ".f90", ".cmake")
+
+
+def load_example():
+    """examples/pytorch/train_sparse_lm.py as a module: its LM, DenseMLP, load_text, unit_summary."""
+    import importlib.util
+
+    path = os.path.join(REPO, "examples", "pytorch", "train_sparse_lm.py")
+    spec = importlib.util.spec_from_file_location("train_sparse_lm", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def learned_text(path, ex):
+    """(bytes, where from): the example's text (the King James Bible: a dumped kjv.txt at `path`, or
+    the `bible` program), else this repository's documentation and sources (fixed order)."""
+    import shutil
+
+    if path and not os.path.exists(path) and not shutil.which("bible"):
+        raise SystemExit(f"--learned-text {path}: no such file (and no `bible` program to dump it there)")
+    if path or shutil.which("bible"):
+        return ex.load_text(path), path or "bible-kjv (the bible program)"
+    chunks = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "build", "_")) and d not in ("runs", "shared"))
+        for f in sorted(files):
+            if f.endswith(TEXT_SUFFIXES):
+                with open(os.path.join(root, f), "rb") as fh:
+                    chunks.append(fh.read())
+    return b"\n".join(chunks), "this repository's text files (docs and sources)"
+
+
+def _call_mlp(mlp, x):  # the example's blocks take a timer that calls the MLP
+    return mlp(x)
+
+
+class _LearnedBody(torch.nn.Module):
+    """The example LM's body (embeddings, blocks, final norm; no head), called like LlamaModel."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.emb, self.pos, self.layers, self.norm = lm.emb, lm.pos, lm.blocks, lm.norm
+
+    def forward(self, input_ids, use_cache=False):
+        x = self.emb(input_ids) + self.pos[: input_ids.shape[1]]
+        for blk in self.layers:
+            x = blk(x, _call_mlp)
+        return self.norm(x)
+
+
+class LearnedLM(torch.nn.Module):
+    """The example's LM behind the interface the modes use: .model(input_ids=...) is the body,
+    .model.layers[i].mlp the MLPs, and model(input_ids, labels) gives .loss (next-byte cross
+    entropy, labels shifted as Hugging Face's causal LMs do)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.model, self.head, self.config = _LearnedBody(lm), lm.head, None
+
+    def forward(self, input_ids, labels=None, use_cache=False):
+        logits = self.head(self.model(input_ids))
+        loss = None
+        if labels is not None:
+            v = logits.shape[-1]
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, v), labels[:, 1:].reshape(-1))
+        return type("Out", (), {"loss": loss, "logits": logits})()
+
+
+def build_learned(ctx, spec, args):
+    """Trains the example's LM (SparseMLPs, its L1 term, AdamW at lr 1e-3 as the example) for
+    --learned-steps steps or --learned-max-s seconds, whichever ends first; measures each layer's
+    active units and unit firing rates on held-out text; returns its weights in the example's dense
+    twin (DenseMLPs, replaced by sparsify() later) as a LearnedLM, a sampler of held-out windows
+    for the points' ids, and what the training gave."""
+    import torch.nn.functional as F
+
+    ex = load_example()
+    device, dtype = ctx.device, ctx.dtype
+    text, source = learned_text(args.learned_text, ex)
+    data = torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
+    split = int(0.95 * len(data))
+    train, val = data[:split], data[split:]
+    d, layers, heads, h, seq, batch = (spec[k] for k in ("d", "layers", "heads", "h", "seq", "batch"))
+    if len(val) <= seq + 1:
+        raise SystemExit(f"learned: {len(data)} bytes of text are too few for windows of {seq}")
+
+    def windows(src, n, gen):
+        i = torch.randint(0, len(src) - seq - 1, (n,), generator=gen)
+        w = src[i[:, None] + torch.arange(seq + 1)]
+        return w[:, :-1].contiguous().to(device), w[:, 1:].contiguous().to(device)
+
+    torch.manual_seed(args.seed)
+    lm = ex.LM(d, layers, heads, h, seq, sparse=True, save_dense=True).to(device, dtype)
+    opt = torch.optim.AdamW(lm.parameters(), lr=1e-3, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(args.seed)
+    coeff, curve, steps = args.learned_l1, [], 0
+    t0 = time.perf_counter()
+    for step in range(1, args.learned_steps + 1):
+        x, y = windows(train, batch, gen)
+        opt.zero_grad(set_to_none=True)
+        ce = F.cross_entropy(lm(x, _call_mlp).float().view(-1, 256), y.reshape(-1))
+        l1 = sum(blk.mlp.l1 for blk in lm.blocks)
+        (ce + coeff * l1).backward()
+        opt.step()
+        steps = step
+        last = step == args.learned_steps or time.perf_counter() - t0 > args.learned_max_s
+        if step == 1 or step % 50 == 0 or last:  # .item() waits for the GPU: not every step
+            active = [blk.mlp.stats()["mean_active"] for blk in lm.blocks]
+            curve.append({"step": step, "loss": round(ce.item(), 4), "l1": round(l1.item(), 4),
+                          "active": [round(a, 1) for a in active]})
+            log(f"  learned: step {step:5d}  loss {ce.item():.3f}  active/layer "
+                f"[{' '.join(f'{a:.0f}' for a in active)}] of {h}  ({time.perf_counter() - t0:.1f} s)")
+        if last:
+            break
+    ctx.clock.sync()
+    train_s = time.perf_counter() - t0
+    # held-out text: loss, each layer's active units and how they spread over the units
+    vgen = torch.Generator().manual_seed(args.seed + 1)
+    for blk in lm.blocks:
+        blk.mlp.neuron_counts(reset=True)
+    losses, active = [], [[] for _ in lm.blocks]
+    with torch.no_grad():
+        for _ in range(4):
+            x, y = windows(val, batch, vgen)
+            losses.append(F.cross_entropy(lm(x, _call_mlp).float().view(-1, 256), y.reshape(-1)).item())
+            for a, blk in zip(active, lm.blocks):
+                a.append(blk.mlp.stats()["mean_active"])
+    tokens = 4 * batch * seq
+    info = {"example": "examples/pytorch/train_sparse_lm.py", "text": source, "text_bytes": len(data),
+            "d_model": d, "d_ff": h, "layers": layers, "heads": heads, "seq": seq, "batch": batch,
+            "steps": steps, "steps_asked": args.learned_steps, "train_s": round(train_s, 1),
+            "tokens_trained": steps * batch * seq, "l1_coeff": coeff, "lr": 1e-3, "curve": curve,
+            "val_loss": sum(losses) / len(losses),
+            "active_per_layer": [round(sum(a) / len(a), 2) for a in active],
+            "units_per_layer": [ex.unit_summary(blk.mlp.neuron_counts(), tokens) for blk in lm.blocks]}
+    # the same weights in the dense twin (its DenseMLPs compute no L1 term: a plain MLP)
+    state = {k: v.detach().clone() for k, v in lm.state_dict().items()}
+    del lm, opt
+    torch.manual_seed(args.seed)
+    twin = ex.LM(d, layers, heads, h, seq, sparse=False).to(device, dtype)
+    for blk in twin.blocks:
+        blk.mlp.track_l1 = False
+    twin.load_state_dict(state)
+    del state
+    model = LearnedLM(twin).eval()
+
+    def ids(shape, seed):
+        g = torch.Generator().manual_seed(seed)
+        b, t = shape
+        i = torch.randint(0, len(val) - t, (b,), generator=g)
+        return val[i[:, None] + torch.arange(t)].to(device)
+
+    return model, ids, info
+
+
+# ---------------------------------------------------------------------------------------------
 # clocks, FFN timing, energy
 
 
@@ -319,6 +489,30 @@ class FfnTimer:
     def total_ms(self):
         self.clock.sync()
         return sum(self.clock.ms(a, b) for a, b in self.spans)
+
+
+def ffn_split(ctx, mlps, fn, n, backward):
+    """`n` more calls of fn with the MLPs' marks (FfnTimer), each also timed as a whole: the FFN's
+    share and the rest measured on the same iterations. ffn_ms and outside_ffn_ms are medians over
+    them; ffn_ms_iters and hooked_ms_iters list each one (training steps differ from one another:
+    an outlier step in the timed loop shows in ms_iters, not in a single hooked step)."""
+    clock, ffn_ms, whole = ctx.clock, [], []
+    for _ in range(max(1, n)):
+        ffn = FfnTimer(mlps, clock, backward=backward)
+        try:
+            clock.sync()
+            a = clock.mark()
+            fn()
+            b = clock.mark()
+            ffn_ms.append(ffn.total_ms())  # synchronises
+            whole.append(clock.ms(a, b))
+        finally:
+            ffn.remove()
+    rec = {"ffn_ms": _median(ffn_ms), "outside_ffn_ms": _median([w - f for w, f in zip(whole, ffn_ms)])}
+    if n > 1:
+        rec["ffn_ms_iters"] = [round(x, 3) for x in ffn_ms]
+        rec["hooked_ms_iters"] = [round(x, 3) for x in whole]
+    return rec
 
 
 class Energy:
@@ -491,6 +685,13 @@ def gen_ids(shape, vocab, seed, device):
     return torch.randint(0, vocab, shape, generator=g).to(device)
 
 
+def model_ids(ctx, shape, seed):
+    """A point's token ids: random ids, or windows of held-out text for the learned model."""
+    if getattr(ctx, "ids", None) is not None:
+        return ctx.ids(shape, seed)
+    return gen_ids(shape, ctx.vocab, seed, ctx.device)
+
+
 def mlps_of(model):
     return [layer.mlp for layer in model.model.layers]
 
@@ -555,7 +756,7 @@ class Prepared:
 
 def prep_prefill(ctx, model, variant, batch, seq, steps):
     base, clock = model.model, ctx.clock
-    ids = gen_ids((batch, seq), ctx.vocab, 1000 + batch, ctx.device)
+    ids = model_ids(ctx, (batch, seq), 1000 + batch)
 
     def fn():
         with torch.inference_mode():
@@ -563,12 +764,7 @@ def prep_prefill(ctx, model, variant, batch, seq, steps):
 
     def after():
         rec = {}
-        ffn = FfnTimer(mlps_of(model), clock)
-        try:
-            fn()
-            rec["ffn_ms"] = ffn.total_ms()
-        finally:
-            ffn.remove()
+        rec.update(ffn_split(ctx, mlps_of(model), fn, 1, backward=False))
         sub = ids[:min(batch, 4)]
         with torch.inference_mode():
             rec["active_per_layer"] = active_after(model, variant, lambda: base(input_ids=sub, use_cache=False))
@@ -691,12 +887,11 @@ def prep_decode_graph(ctx, model, variant, batch, seq, steps):
 
 
 def prep_train(ctx, model, variant, batch, seq, steps):
-    clock = ctx.clock
-    ids = gen_ids((batch, seq), ctx.vocab, 4000 + batch, ctx.device)
+    ids = model_ids(ctx, (batch, seq), 4000 + batch)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=ctx.args.train_lr, fused=ctx.device.type == "cuda")
     mlps = mlps_of(model)
-    coeff = ctx.args.l1_coeff if variant == "twblas" else 0.0
+    coeff = ctx.l1_coeff if variant == "twblas" else 0.0
 
     def fn():
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -708,12 +903,7 @@ def prep_train(ctx, model, variant, batch, seq, steps):
 
     def after():
         rec = {"l1_coeff": coeff}
-        ffn = FfnTimer(mlps, clock, backward=True)
-        try:
-            fn()
-            rec["ffn_ms"] = ffn.total_ms()
-        finally:
-            ffn.remove()
+        rec.update(ffn_split(ctx, mlps, fn, ctx.it["train_ffn_steps"], backward=True))
         rec["active_per_layer"] = active_after(model, variant, fn)
         return rec
 
@@ -796,6 +986,8 @@ def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
             try:
                 rec = aggregate(loops[v], preps[v].tokens)
                 rec["peak_gib"] = max(peaks[v]) if peaks[v] and peaks[v][0] is not None else None
+                if mode == "train":  # each step's time, in order (steps differ: ms is their mean)
+                    rec["ms_iters"] = [round(x, 3) for t in loops[v] for x in t["per"]]
                 rec.update(preps[v].after())
                 out[v] = rec
             except Exception as e:  # noqa: BLE001
@@ -816,11 +1008,15 @@ def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
 def warm_model(ctx, model, vs, variants):
     """A few small forwards of every variant before the first point (allocator, handles, the
     host's first-call costs), so that the first point measured pays for none of it."""
-    ids = gen_ids((1, 32), ctx.vocab, 99, ctx.device)
+    ids = model_ids(ctx, (1, 32), 99)
     for _ in range(3):
         for v in variants:
             vs.use(v)
             with torch.inference_mode():
+                if getattr(model, "config", None) is None:  # the learned model: no KV cache
+                    model.model(input_ids=ids)
+                    model.model(input_ids=ids[:, :4])
+                    continue
                 cache = make_dynamic_cache(model.config)
                 model.model(input_ids=ids, **cache_kwargs(cache))
                 for i in range(4):
@@ -852,15 +1048,19 @@ def write_json(path, doc):
 
 def points_for(args, model_name, modes):
     pts = []
+    learned = model_name == "learned"
+    seq = MODELS[model_name]["seq"] if learned else args.seq
     for mode in modes:
         if mode == "prefill":
-            pts += [(mode, b, args.seq) for b in args.batches]
+            pts += [(mode, b, seq) for b in args.batches]
+        elif mode in ("decode-eager", "decode-graph") and learned:
+            log(f"  ({mode} skipped for the learned model: it has no KV cache)")
         elif mode == "decode-graph" and args.device.startswith("cpu"):
             log("  (decode-graph skipped: CUDA graphs need a CUDA device)")
         elif mode in ("decode-eager", "decode-graph"):
             pts += [(mode, b, 1) for b in args.decode_batches]
         elif mode == "train" and model_name in args.train_models:
-            pts.append((mode, args.train_batch, args.seq))
+            pts.append((mode, MODELS[model_name]["batch"] if learned else args.train_batch, seq))
     return pts
 
 
@@ -869,7 +1069,9 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="2B only, fewer iterations (< 4 min on an H200)")
-    ap.add_argument("--tiny", action="store_true", help="a tiny model (D 64, H 176, 2 layers) to check the script")
+    ap.add_argument("--tiny", action="store_true",
+                    help="a tiny model (D 64, H 176, 2 layers) to check the script; with --models learned, the "
+                         "learned model at a tiny shape")
     ap.add_argument("--models", default=None,
                     help="comma list of " + ",".join(MODELS) + " (default: 0.5b,1b,1.5b,2b,llama3-8b; --quick: 2b)")
     ap.add_argument("--modes", default=",".join(MODES))
@@ -879,10 +1081,20 @@ def main():
     ap.add_argument("--seq", type=int, default=None, help="prefill and training sequence length (2048)")
     ap.add_argument("--decode-ctx", type=int, default=None, help="tokens prefilled before decoding (512)")
     ap.add_argument("--train-batch", type=int, default=None, help="training sequences a step (8: 16k tokens)")
-    ap.add_argument("--train-models", default="2b,tiny", help="models the train mode runs on")
+    ap.add_argument("--train-models", default="2b,tiny,learned", help="models the train mode runs on")
     ap.add_argument("--train-lr", type=float, default=1e-5)
     ap.add_argument("--l1-coeff", type=float, default=2e-5, help="the L1 term twblas's training step adds")
     ap.add_argument("--llama-layers", type=int, default=4, help="layers of the Llama-3-8B-shaped model")
+    ap.add_argument("--learned-steps", type=int, default=None,
+                    help="training steps of the learned model (1000; --tiny 30), bounded by --learned-max-s")
+    ap.add_argument("--learned-max-s", type=float, default=75.0,
+                    help="stop the learned model's training after this many seconds (it is then measured)")
+    ap.add_argument("--learned-l1", type=float, default=3e-4,
+                    help="the learned model's L1 coefficient, in its training and in its twblas train points "
+                         "(3e-4: a few active units of 2048 within a few hundred steps, docs/pytorch.md)")
+    ap.add_argument("--learned-text", default="",
+                    help="the learned model's text: a dumped kjv.txt as the example takes (default: the bible "
+                         "program when installed, else this repository's docs and sources)")
     ap.add_argument("--layers", type=int, default=None, help="override every model's layer count (checks)")
     ap.add_argument("--active-units", type=float, default=None, help="planted units a token (29; tiny 4)")
     ap.add_argument("--skew", type=float, default=0.0,
@@ -911,7 +1123,10 @@ def main():
     dtype = dtypes[args.dtype or ("fp32" if device.type == "cpu" and args.tiny else "bf16")]
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     if args.tiny:
-        models = ["tiny"]
+        models = (args.models or "tiny").split(",")
+        if any(m not in ("tiny", "learned") for m in models):
+            sys.exit("--tiny runs the models tiny and learned (at a tiny shape)")
+        MODELS["learned"] = dict(LEARNED_TINY)
         args.batches, args.decode_batches = ints(args.batches or "1,2"), ints(args.decode_batches or "1,2")
         args.seq, args.decode_ctx = args.seq or 64, args.decode_ctx or 16
         args.train_batch = args.train_batch or 2
@@ -923,6 +1138,8 @@ def main():
         args.train_batch = args.train_batch or 8
         k = args.active_units or 29
     args.train_models = args.train_models.split(",")
+    if args.learned_steps is None:
+        args.learned_steps = 30 if args.tiny else 1000
     # train last: its optimizer steps move the weights
     modes = sorted({m for m in args.modes.split(",") if m}, key=lambda m: MODES.index(m) if m in MODES else -1)
     variants = [v for v in args.variants.split(",") if v]
@@ -941,7 +1158,7 @@ def main():
     it = {"prefill_warmup": 2, "prefill_iters": 2 if quick else 5,
           "decode_warmup": 3, "decode_iters": 20 if quick else 30, "decode_max": 200,
           "graph_iters": 50 if quick else 100, "graph_max": 1000,
-          "train_warmup": 2, "train_iters": 2 if quick else 5,
+          "train_warmup": 2, "train_iters": 4 if quick else 5, "train_ffn_steps": 2 if args.tiny else 3,
           "min_s": args.min_s if args.min_s is not None else (0.0 if args.tiny else 0.4 if quick else 0.5)}
     rounds = args.rounds or (3 if quick else 5)
 
@@ -975,7 +1192,8 @@ def main():
            "layer.mlp swapped between the dense module and its SparseMLP (same Parameters; down_proj.weight in the "
            "in-place layout for both), every variant warmed up alternating, then rounds of one timed loop per "
            "variant (order reversed every other round), ms the median over rounds; train one round per variant "
-           "from the same weights; energy from NVML's energy counter around each loop",
+           "from the same weights; energy from NVML's energy counter around each loop; the learned model "
+           "(examples/pytorch/train_sparse_lm.py's LM, trained first) on windows of its held-out text",
            "rounds": rounds, "iterations": it,
            "planted": {"active_units_target": k, "bias_channel": 0, "bias_value": 1.0, "embed_std": 1.0,
                        "scaled_init": True, "skew": args.skew, "dead": args.dead}, "records": []}
@@ -983,6 +1201,8 @@ def main():
         with open(out) as f:
             old = json.load(f)
         doc["records"] = [r for r in old.get("records", []) if r.get("model") not in models]
+        if "learned" not in models and "learned" in old:
+            doc["learned"] = old["learned"]
         doc.setdefault("earlier_runs", old.get("earlier_runs", []))
         doc["earlier_runs"].append({k_: old.get(k_) for k_ in ("date", "argv", "torch", "transformers", "twblas")})
     log(f"# {gpu_name}, torch {torch.__version__}, transformers {transformers.__version__}, twblas {twv}, "
@@ -1002,13 +1222,27 @@ def main():
         if not pts:
             continue
         t0 = time.perf_counter()
-        model = build_model(spec, device, dtype, args.seed, args.seq)
-        calib = gen_ids((2 if not args.tiny else 4, args.seq), spec["vocab"], 77, device)
-        thresholds = plant_sparsity(model, k, calib, skew=args.skew, dead=args.dead)
-        free(device)
-        log(f"\n## {name}: {spec['layers']} layers, D {spec['d']}, H {spec['h']}, vocab {spec['vocab']}; built and "
-            f"planted in {time.perf_counter() - t0:.1f} s (thresholds {thresholds[0]:.4g} .. {thresholds[-1]:.4g}); "
-            f"weights {torch.cuda.memory_allocated(device) / 2**30 if device.type == 'cuda' else 0:.2f} GiB")
+        ctx.ids, ctx.l1_coeff = None, args.l1_coeff
+        weights_gib = lambda: torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else 0  # noqa: E731
+        if name == "learned":
+            log(f"\n## learned: {spec['layers']} layers, D {spec['d']}, H {spec['h']}, seq {spec['seq']}, "
+                f"examples/pytorch/train_sparse_lm.py's LM trained with L1 {args.learned_l1} for up to "
+                f"{args.learned_steps} steps / {args.learned_max_s:.0f} s")
+            model, ctx.ids, info = build_learned(ctx, spec, args)
+            ctx.l1_coeff = args.learned_l1
+            doc["learned"] = info
+            free(device)
+            log(f"  trained {info['steps']} steps in {info['train_s']} s on {info['text']}; held-out loss "
+                f"{info['val_loss']:.3f}; active units per layer {info['active_per_layer']} of {spec['h']}; "
+                f"weights {weights_gib():.2f} GiB")
+        else:
+            model = build_model(spec, device, dtype, args.seed, args.seq)
+            calib = gen_ids((2 if not args.tiny else 4, args.seq), spec["vocab"], 77, device)
+            thresholds = plant_sparsity(model, k, calib, skew=args.skew, dead=args.dead)
+            free(device)
+            log(f"\n## {name}: {spec['layers']} layers, D {spec['d']}, H {spec['h']}, vocab {spec['vocab']}; built "
+                f"and planted in {time.perf_counter() - t0:.1f} s (thresholds {thresholds[0]:.4g} .. "
+                f"{thresholds[-1]:.4g}); weights {weights_gib():.2f} GiB")
         vs = Variants(model, sparsify, variants)
         warm_model(ctx, model, vs, variants)
         copy_bytes = weight_copy_bytes(vs.mlps["twblas"]) if "twblas" in vs.mlps else None

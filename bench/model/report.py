@@ -43,6 +43,12 @@ def table(doc):
     planted = doc.get("planted", {})
     out.append(f"Planted sparsity: {planted.get('active_units_target')} active units a token a layer targeted "
                "(bias channel, bench/model/README.md); ratios are dense / twblas (> 1: twblas faster or smaller).")
+    learned = doc.get("learned")
+    if learned:
+        out.append(f"Learned sparsity (model `learned`): {learned.get('example')}'s LM trained {learned.get('steps')} "
+                   f"steps with L1 {learned.get('l1_coeff')} on {learned.get('text')}; held-out loss "
+                   f"{_f(learned.get('val_loss'), '{:.3f}')}, active units per layer {learned.get('active_per_layer')} "
+                   f"of {learned.get('d_ff')}.")
     out.append("")
     out.append("| model | mode | batch x seq | dense ms | twblas ms | speedup | dense tok/s | twblas tok/s "
                "| peak GiB dense / twblas | mJ/token dense / twblas | FFN ms dense / twblas (speedup) "

@@ -56,16 +56,22 @@ def load_text(path):
 
 
 class DenseMLP(torch.nn.Module):
-    def __init__(self, d, h):
+    """The dense twin's MLP, in LlamaMLP's form (act_fn a ReLU: twblas.torch.sparsify() takes it).
+    track_l1: keep the L1 term's value in .l1 (logged for the twin too; off, nothing more runs)."""
+
+    def __init__(self, d, h, track_l1=True):
         super().__init__()
         self.gate_proj = torch.nn.Linear(d, h, bias=False)
         self.up_proj = torch.nn.Linear(d, h, bias=False)
         self.down_proj = torch.nn.Linear(h, d, bias=False)
+        self.act_fn = torch.nn.ReLU()
+        self.track_l1 = track_l1
         self.l1 = None
 
     def forward(self, x):
-        h = F.relu(self.gate_proj(x)) * self.up_proj(x)
-        self.l1 = h.float().abs().sum(-1).mean()
+        h = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+        if self.track_l1:
+            self.l1 = h.float().abs().sum(-1).mean()
         return self.down_proj(h)
 
 

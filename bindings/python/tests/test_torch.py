@@ -613,3 +613,33 @@ def test_import_error_says_how_to_reinstall(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode != 0
     assert "ImportError" in r.stderr and "pip install --no-build-isolation" in r.stderr
+
+
+def test_sparsify_takes_the_example_lms_dense_twin():
+    # examples/pytorch/train_sparse_lm.py's dense twin (DenseMLPs in LlamaMLP's form): sparsify()
+    # replaces its MLPs, sharing their Parameters, and the logits stay those of the dense model
+    # (the whole-model benchmark measures this LM so)
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[3] / "examples" / "pytorch" / "train_sparse_lm.py"
+    if not path.exists():
+        pytest.skip(f"{path} is not there (tests run outside the repository)")
+    spec = importlib.util.spec_from_file_location("train_sparse_lm", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    torch.manual_seed(4)
+    lm = ex.LM(32, 2, 4, 96, 16, sparse=False)
+    for blk in lm.blocks:
+        blk.mlp.track_l1 = False
+    ids = torch.randint(0, 256, (3, 16))
+    call = lambda mlp, x: mlp(x)  # noqa: E731  (the example's blocks take a timer that calls the MLP)
+    with torch.no_grad():
+        want = lm(ids, call)
+    params = {id(p) for p in lm.parameters()}
+    _, n = twblas_torch.sparsify(lm, return_count=True)
+    assert n == 2 and all(isinstance(blk.mlp, SparseMLP) for blk in lm.blocks)
+    assert {id(p) for p in lm.parameters()} == params
+    with torch.no_grad():
+        got = lm(ids, call)
+    assert _rel(got, want) < 1e-5
