@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine, over a build folder made here and carried along:
 #   scripts/gpu-check.sh [BUILD_DIR]       (a folder made by scripts/gpu-pack.sh, e.g. build-gpu)
-# Environment: TW_STAGES (default "tests sanitize bench demo"; "quick" runs only the cases that
-# take every forward path and the training step, about a minute on an H100: the first check after a
-# kernel change), TW_TESTS (test programs, a glob,
+# Environment: TW_STAGES (default "tests sanitize bench demo"; "quick" runs only the Catch2 cases
+# tagged [quick], which take every forward path and the training step, about a minute on an H100:
+# the first check after a kernel change), TW_TESTS (test programs, a glob,
 # default test_*), TW_SUITE (bench suite, default full), TW_BENCH_FILTER (Google Benchmark filter). Reports the GPU, runs every test binary
 # (CTest files hold this machine's absolute paths, so the binaries are run directly; the CUDA
 # ones, test_cuda_backend and test_cuda_training, exit with 77 when they find no usable GPU,
@@ -44,14 +44,10 @@ if [[ $stages == *tests* ]]; then
 fi
 
 if [[ $stages == *quick* ]]; then
-  # Catch2 specs: patterns in one argument separated by commas are OR'd
-  "$build/tests/test_cuda_backend" \
-    "forward: small-integer*,forward: serving*,forward: heavy rows*,forward: deterministic*,CUDA FFN: profiles*,CUDA FFN: the masked*,CUDA FFN: heavy rows*,CUDA FFN: graph capture*" \
-    >"$out/quick-backend.log" 2>&1
+  # the cases tagged [quick]: every forward path, pinned and chosen, and the training step
+  "$build/tests/test_cuda_backend" "[quick]" >"$out/quick-backend.log" 2>&1
   rc=$?; record "test_cuda_backend (quick)" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/quick-backend.log"
-  "$build/tests/test_cuda_training" \
-    "training: small-integer*,training: heavy rows*,training: deterministic*,CUDA training: profiles*" \
-    >"$out/quick-training.log" 2>&1
+  "$build/tests/test_cuda_training" "[quick]" >"$out/quick-training.log" 2>&1
   rc=$?; record "test_cuda_training (quick)" $rc; [ $rc -eq 0 ] || tail -n 40 "$out/quick-training.log"
 fi
 

@@ -33,6 +33,7 @@ struct FfnCase {
     int32_t ell_width = 32;        // hybrid: ELL width and backup rows (at most M)
     int64_t backup_rows = 3;
     int32_t deterministic = 0;
+    twFfnAlgorithm_t algorithm = TW_FFN_ALG_DEFAULT;  // TW_FFN_ATTR_ALGORITHM
     uint64_t seed = 7;
 };
 
@@ -41,7 +42,7 @@ inline std::string describe(const FfnCase &c) {
     os << "M " << c.m << " D " << c.d << " H " << c.h << (c.gated ? " gated" : " plain") << " type " << c.type
        << " mode " << c.mode << " profile " << twblas::testing::profile_name(c.profile) << " Wd "
        << (c.wd_order == TW_ORDER_ROW ? "row" : "col") << " X " << (c.x_order == TW_ORDER_ROW ? "row" : "col")
-       << " hidden " << c.hidden << (c.integers ? " integers" : "");
+       << " hidden " << c.hidden << (c.integers ? " integers" : "") << " algorithm " << c.algorithm;
     for (const WeightLayout *l : {&c.wg_layout, &c.wu_layout, &c.wd_layout})
         if (l->pad || l->offset) os << " weight pad " << l->pad << " offset " << l->offset;
     return os.str();
@@ -179,6 +180,8 @@ inline FfnResult run_ffn(const FfnCase &c, const FfnData &data, twBackend_t back
     REQUIRE(twFfnSetAttribute(ffn, TW_FFN_ATTR_COMPUTE_MODE, &mode, sizeof mode) == TW_STATUS_SUCCESS);
     REQUIRE(twFfnSetAttribute(ffn, TW_FFN_ATTR_DETERMINISTIC, &c.deterministic, sizeof c.deterministic) ==
             TW_STATUS_SUCCESS);
+    const int32_t algorithm = c.algorithm;
+    REQUIRE(twFfnSetAttribute(ffn, TW_FFN_ATTR_ALGORITHM, &algorithm, sizeof algorithm) == TW_STATUS_SUCCESS);
 
     const twDataType_t htype = hidden_type(c);
     const int64_t backup = std::min(c.backup_rows, c.m);

@@ -1127,7 +1127,8 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
                                                       {TW_FFN_ATTR_COMPUTE_MODE, "TW_FFN_ATTR_COMPUTE_MODE", TW_COMPUTE_DEFAULT},
                                                       {TW_FFN_ATTR_DETERMINISTIC, "TW_FFN_ATTR_DETERMINISTIC", 0},
                                                       {TW_FFN_ATTR_SAVE_DENSE, "TW_FFN_ATTR_SAVE_DENSE", 0},
-                                                      {TW_FFN_ATTR_CALL_GRAPHS, "TW_FFN_ATTR_CALL_GRAPHS", 1}};
+                                                      {TW_FFN_ATTR_CALL_GRAPHS, "TW_FFN_ATTR_CALL_GRAPHS", 1},
+                                                      {TW_FFN_ATTR_ALGORITHM, "TW_FFN_ATTR_ALGORITHM", TW_FFN_ALG_DEFAULT}};
     auto attr_name = [&int_attributes](twFfnAttribute_t attr) {
         for (const IntAttribute &a : int_attributes)
             if (a.attr == attr) return std::string(a.name);
@@ -1162,7 +1163,8 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
         {TW_FFN_ATTR_COMPUTE_MODE, {9, 3, -1}},
         {TW_FFN_ATTR_DETERMINISTIC, {2, -1}},
         {TW_FFN_ATTR_SAVE_DENSE, {2, -1}},
-        {TW_FFN_ATTR_CALL_GRAPHS, {2, -1}}};
+        {TW_FFN_ATTR_CALL_GRAPHS, {2, -1}},
+        {TW_FFN_ATTR_ALGORITHM, {7, -1, 100}}};
     for (const auto &[attr, values] : invalid_values)
         for (int32_t v : values) {
             const twFfnAttribute_t at = attr;
@@ -1182,7 +1184,9 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
             {TW_FFN_ATTR_COMPUTE_MODE, {TW_COMPUTE_HIGHEST_PRECISION, TW_COMPUTE_DEFAULT}},
             {TW_FFN_ATTR_DETERMINISTIC, {1, 0}},
             {TW_FFN_ATTR_SAVE_DENSE, {1, 0}},
-            {TW_FFN_ATTR_CALL_GRAPHS, {0, 1}}};
+            {TW_FFN_ATTR_CALL_GRAPHS, {0, 1}},
+            {TW_FFN_ATTR_ALGORITHM, {TW_FFN_ALG_SERVE, TW_FFN_ALG_DECODE, TW_FFN_ALG_DENSE, TW_FFN_ALG_FUSED,
+                                     TW_FFN_ALG_TWO_PASS, TW_FFN_ALG_MASKED_TWO_PASS, TW_FFN_ALG_DEFAULT}}};
         for (const auto &[attr, values] : valid)
             for (int32_t v : values) {
                 INFO(attr_name(attr) << " = " << v);
@@ -1191,6 +1195,16 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
                 CHECK(twFfnGetAttribute(f.ffn, attr, &got, sizeof got) == TW_STATUS_SUCCESS);
                 CHECK(got == v);
             }
+    }
+
+    {  // tuning knobs: no FFN is NOT_INITIALIZED, a NULL name or value INVALID_VALUE; the CPU
+       // backend has none
+        double v = 0;
+        CHECK(twFfnSetTuning(nullptr, "two_pass_min_tokens", 1) == TW_STATUS_NOT_INITIALIZED);
+        CHECK(twFfnSetTuning(f.ffn, nullptr, 1) == TW_STATUS_INVALID_VALUE);
+        CHECK(twFfnGetTuning(f.ffn, "two_pass_min_tokens", nullptr) == TW_STATUS_INVALID_VALUE);
+        CHECK(twFfnSetTuning(f.ffn, "two_pass_min_tokens", 1) == TW_STATUS_NOT_SUPPORTED);
+        CHECK(twFfnGetTuning(f.ffn, "two_pass_min_tokens", &v) == TW_STATUS_NOT_SUPPORTED);
     }
 
     {  // FP8 weights are for 16-bit FFNs: this one is fp32, and its mode is left as it was

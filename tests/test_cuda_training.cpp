@@ -167,7 +167,7 @@ TEST_CASE("CUDA training: SAVE_DENSE keeps z and u in dense mode, and the backwa
     }
 }
 
-TEST_CASE("CUDA training: profiles, types and modes against the reference", "[cuda][train]") {
+TEST_CASE("CUDA training: profiles, types and modes against the reference", "[cuda][train][quick]") {
     for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})
         for (twDataType_t type : {TW_R_16BF, TW_R_16F, TW_R_32F})
             for (twComputeMode_t mode : {TW_COMPUTE_DEFAULT, TW_COMPUTE_HIGHEST_PRECISION})

@@ -13,8 +13,7 @@
 using namespace twtest;
 namespace tt = twblas::testing;
 
-TEST_CASE("training: small-integer data give exact gradients, recomputed rows included",
-          "[ffn][backward][train]" TWTEST_BACKEND_TAG) {
+TEST_CASE("training: small-integer data give exact gradients, recomputed rows included", "[ffn][backward][train][quick]" TWTEST_BACKEND_TAG) {
     // Every sum is exact in fp32 (|values| < 2^24), so fp32 outputs are exact, and bf16 rounds
     // exact values: bit-identical on every backend (against the naive math, which does not
     // round: fp32 bit for bit, bf16 within the bounds of training_support.hpp).
@@ -36,8 +35,7 @@ TEST_CASE("training: small-integer data give exact gradients, recomputed rows in
                 }
 }
 
-TEST_CASE("training: heavy rows beyond the saved ELL width are recomputed exactly",
-          "[ffn][backward][train][overflow]" TWTEST_BACKEND_TAG) {
+TEST_CASE("training: heavy rows beyond the saved ELL width are recomputed exactly", "[ffn][backward][train][overflow][quick]" TWTEST_BACKEND_TAG) {
     // k = 60 of H = 400 with 3 % heavy rows (a = 0.25): heavy rows have far more than the 128
     // saved entries, so the backward recomputes them from X.
     TrainCase c;
@@ -75,7 +73,7 @@ TEST_CASE("training: odd shapes and layouts", "[ffn][backward][train]" TWTEST_BA
         }
 }
 
-TEST_CASE("training: deterministic mode gives identical bits run to run", "[ffn][backward][train]" TWTEST_BACKEND_TAG) {
+TEST_CASE("training: deterministic mode gives identical bits run to run", "[ffn][backward][train][quick]" TWTEST_BACKEND_TAG) {
     // bits are promised for one path: deterministic mode never changes path (no cuBLAS capacity
     // from earlier statistics); without it, a step's path follows the previous step's statistics
     TrainCase c;

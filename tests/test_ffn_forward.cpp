@@ -13,8 +13,7 @@
 using namespace twtest;
 namespace tt = twblas::testing;
 
-TEST_CASE("forward: small-integer inputs give exact outputs, statistics and hidden values",
-          "[ffn][forward]" TWTEST_BACKEND_TAG) {
+TEST_CASE("forward: small-integer inputs give exact outputs, statistics and hidden values", "[ffn][forward][quick]" TWTEST_BACKEND_TAG) {
     // Integers keep every product and sum exact in fp32 (all |values| < 2^24), so any indexing
     // error shows as a wrong value, not as rounding noise; the roundings of bf16 then act on
     // exact values, the same on every backend.
@@ -79,7 +78,7 @@ TEST_CASE("forward: odd shapes and layouts", "[ffn][forward]" TWTEST_BACKEND_TAG
             }
 }
 
-TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile", "[ffn][forward][serving]" TWTEST_BACKEND_TAG) {
+TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile", "[ffn][forward][serving][quick]" TWTEST_BACKEND_TAG) {
     // The CUDA backend's serving path (kernels/serve.cuh): its own gate and serve_down up to 16
     // tokens (x rows of 8 and 16 tokens), cuBLAS's gate with serve_token up to 256 (4, 2 and 1
     // column splits; one with a hidden output; 17, the first size past serve_gate); past that the
@@ -169,8 +168,7 @@ TEST_CASE("forward: serving sizes, 1 to 512 tokens, odd D and H, every profile",
     }
 }
 
-TEST_CASE("forward: heavy rows are exact and flagged; the hidden outputs record them",
-          "[ffn][forward][overflow]" TWTEST_BACKEND_TAG) {
+TEST_CASE("forward: heavy rows are exact and flagged; the hidden outputs record them", "[ffn][forward][overflow][quick]" TWTEST_BACKEND_TAG) {
     SECTION("TwELL and hybrid hidden outputs") {
         FfnCase c;
         c.m = 200, c.d = 64, c.h = 1000;
@@ -252,8 +250,7 @@ TEST_CASE("forward: M = 0 succeeds without touching pointers", "[ffn][forward]" 
     }
 }
 
-TEST_CASE("forward: deterministic mode gives identical bits run to run and sorted TwELL entries",
-          "[ffn][forward]" TWTEST_BACKEND_TAG) {
+TEST_CASE("forward: deterministic mode gives identical bits run to run and sorted TwELL entries", "[ffn][forward][quick]" TWTEST_BACKEND_TAG) {
     // one forward of a new FFN against the third of three of another: deterministic mode never
     // lets the statistics of earlier forwards change the path
     FfnCase llm;

@@ -234,6 +234,11 @@ twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, const void
                 if (v != 0 && v != 1) fail(TW_STATUS_INVALID_VALUE, "value: call_graphs must be 0 or 1, got %d", v);
                 f.call_graphs = v;
                 break;
+            case TW_FFN_ATTR_ALGORITHM:
+                if (v < TW_FFN_ALG_DEFAULT || v > TW_FFN_ALG_MASKED_TWO_PASS)
+                    fail(TW_STATUS_INVALID_VALUE, "value: %d is not a twFfnAlgorithm_t", v);
+                f.algorithm = v;
+                break;
             default: fail(TW_STATUS_INVALID_VALUE, "attr: %d is not a twFfnAttribute_t", static_cast<int>(attr));
         }
         return TW_STATUS_SUCCESS;
@@ -263,9 +268,31 @@ twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, void *valu
             case TW_FFN_ATTR_DETERMINISTIC: v = f.deterministic; break;
             case TW_FFN_ATTR_SAVE_DENSE: v = f.save_dense; break;
             case TW_FFN_ATTR_CALL_GRAPHS: v = f.call_graphs; break;
+            case TW_FFN_ATTR_ALGORITHM: v = f.algorithm; break;
             default: fail(TW_STATUS_INVALID_VALUE, "attr: %d is not a twFfnAttribute_t", static_cast<int>(attr));
         }
         std::memcpy(value, &v, sizeof v);
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twFfnSetTuning(twFfnDescr_t ffn, const char *name, double value) {
+    return guarded(nullptr, [&] {
+        twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_ptr(name, "name");
+        if (!f.state || !f.state->set_tuning(name, value))
+            fail(TW_STATUS_NOT_SUPPORTED, "ffn: this backend has no tuning knobs");
+        return TW_STATUS_SUCCESS;
+    });
+}
+
+twStatus_t twFfnGetTuning(twFfnDescr_t ffn, const char *name, double *value) {
+    return guarded(nullptr, [&] {
+        const twFfnDescr &f = get_ffn(ffn, "ffn");
+        require_ptr(name, "name");
+        require_ptr(value, "value");
+        if (!f.state || !f.state->get_tuning(name, value))
+            fail(TW_STATUS_NOT_SUPPORTED, "ffn: this backend has no tuning knobs");
         return TW_STATUS_SUCCESS;
     });
 }

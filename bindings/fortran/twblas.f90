@@ -80,6 +80,16 @@ module twblas
     integer(c_int), parameter, public :: TW_FFN_ATTR_L1_COEFF_POINTER = 6
     integer(c_int), parameter, public :: TW_FFN_ATTR_CALL_GRAPHS = 7
     integer(c_int), parameter, public :: TW_FFN_ATTR_WEIGHT_COPY_BYTES = 8  !< int64, read-only
+    integer(c_int), parameter, public :: TW_FFN_ATTR_ALGORITHM = 9
+
+    ! ---- twFfnAlgorithm_t ---------------------------------------------------------------------
+    integer(c_int), parameter, public :: TW_FFN_ALG_DEFAULT = 0
+    integer(c_int), parameter, public :: TW_FFN_ALG_SERVE = 1
+    integer(c_int), parameter, public :: TW_FFN_ALG_DECODE = 2
+    integer(c_int), parameter, public :: TW_FFN_ALG_DENSE = 3
+    integer(c_int), parameter, public :: TW_FFN_ALG_FUSED = 4
+    integer(c_int), parameter, public :: TW_FFN_ALG_TWO_PASS = 5
+    integer(c_int), parameter, public :: TW_FFN_ALG_MASKED_TWO_PASS = 6
 
     ! ---- twComputeMode_t ----------------------------------------------------------------------
     integer(c_int), parameter, public :: TW_COMPUTE_DEFAULT = 0
@@ -112,7 +122,7 @@ module twblas
     public :: twDenseToSparse_bufferSize, twDenseToSparse_analysis, twDenseToSparse_convert
     public :: twSparseToDense, twSparseConvert, twSparseTranspose
     public :: twCreateFfn, twFfnUpdateWeights, twDestroyFfn, twFfnGetSize
-    public :: twFfnSetAttribute, twFfnGetAttribute
+    public :: twFfnSetAttribute, twFfnGetAttribute, twFfnSetTuning, twFfnGetTuning
     public :: twSpGEMMFused_bufferSize, twSpGEMMFused, twFfnGetStats
     public :: twFfnGetNeuronCounts, twFfnResetNeuronCounts
     public :: twSpGEMMFusedSaved_bufferSize, twSpGEMMFusedForwardTrain
@@ -449,6 +459,25 @@ module twblas
             integer(c_size_t), value :: size
             integer(c_int) :: status
         end function twFfnSetAttribute
+
+        !> twStatus_t twFfnSetTuning(twFfnDescr_t ffn, const char *name, double value)
+        !> name: a C string (end it with c_null_char).
+        function twFfnSetTuning(ffn, name, value) bind(c, name='twFfnSetTuning') result(status)
+            import :: c_int, c_ptr, c_char, c_double
+            type(c_ptr), value :: ffn
+            character(kind=c_char), dimension(*), intent(in) :: name
+            real(c_double), value :: value
+            integer(c_int) :: status
+        end function twFfnSetTuning
+
+        !> twStatus_t twFfnGetTuning(twFfnDescr_t ffn, const char *name, double *value)
+        function twFfnGetTuning(ffn, name, value) bind(c, name='twFfnGetTuning') result(status)
+            import :: c_int, c_ptr, c_char, c_double
+            type(c_ptr), value :: ffn
+            character(kind=c_char), dimension(*), intent(in) :: name
+            real(c_double), intent(out) :: value
+            integer(c_int) :: status
+        end function twFfnGetTuning
 
         !> twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, void *value,
         !>                              size_t size)

@@ -332,12 +332,37 @@ typedef enum {
                                         kernels of an argument set seen twice into a CUDA graph
                                         and replays it (one graph launch of host time a call);
                                         0: every call launches its kernels (below) */
-    TW_FFN_ATTR_WEIGHT_COPY_BYTES = 8 /**< int64, read-only (twFfnGetAttribute; set:
+    TW_FFN_ATTR_WEIGHT_COPY_BYTES = 8, /**< int64, read-only (twFfnGetAttribute; set:
                                         INVALID_VALUE): bytes of weight copies the FFN holds in
                                         the backend's memory: 0 when every weight is read in
                                         place (twCreateFfn); the TW_COMPUTE_FP8_WEIGHTS copy
                                         counts from when that mode is set */
+    TW_FFN_ATTR_ALGORITHM = 9      /**< twFfnAlgorithm_t (stored as int32), default
+                                        TW_FFN_ALG_DEFAULT: the forward's path (below) */
 } twFfnAttribute_t;
+/** The forward's algorithms (TW_FFN_ATTR_ALGORITHM), as cuSPARSE's `alg` arguments: DEFAULT
+ *  chooses per call from the shape, the mode and the sparsity the last forward measured (the CUDA
+ *  backend's paths below); the others pin one path, for tests and for users who know their
+ *  workload. Every algorithm gives the same results within the mode's rounding (their sums run
+ *  in different orders), each the same bits run to run in deterministic mode, exact for any
+ *  sparsity. A pinned algorithm
+ *  that cannot run a call returns TW_STATUS_NOT_SUPPORTED from it, naming what it lacks, before
+ *  anything is written; M = 0 returns at once whatever the algorithm. The CPU backend has one
+ *  algorithm, the reference, and runs it for every value. */
+typedef enum {
+    TW_FFN_ALG_DEFAULT = 0,         /**< the library chooses, call by call */
+    TW_FFN_ALG_SERVE = 1,           /**< the gate on tensor cores with unit masks, then gathers of
+                                         each active unit's rows (inference, 16-bit or FP8) */
+    TW_FFN_ALG_DECODE = 2,          /**< one kernel for gate, unit choice and projections: 1 to 4
+                                         tokens, 16-bit DEFAULT, D <= 4096, inference */
+    TW_FFN_ALG_DENSE = 3,           /**< the projections as dense cuBLAS GEMMs over every row (16-bit
+                                         DEFAULT, not deterministic) */
+    TW_FFN_ALG_FUSED = 4,           /**< gate GEMM, then one kernel per token over its active units
+                                         (inference, not FP8) */
+    TW_FFN_ALG_TWO_PASS = 5,        /**< gate GEMM, then u per active unit and y by column slices */
+    TW_FFN_ALG_MASKED_TWO_PASS = 6  /**< the gate GEMM writes active-unit masks in its epilogue
+                                         (sm_90a builds on sm_90 GPUs, 16-bit), then two passes */
+} twFfnAlgorithm_t;
 /** The two pointer attributes let a training loop run without reading anything back per layer
  *  (a framework's l1 output and the l1 gradient it receives both live on the device):
  *  - TW_FFN_ATTR_L1_OUTPUT: when not NULL, twSpGEMMFused and twSpGEMMFusedForwardTrain with
@@ -364,7 +389,11 @@ typedef enum {
  *  scale per row: for unit j and each of its rows w (Wu_j of a gated FFN, and Wd_j), s = max|w| /
  *  448 (1 for a row of zeros) and w is used as e4m3(w / s) * s (round to nearest even,
  *  saturating). The gate (Wg, or Wu of a plain ReLU FFN) keeps the value type, so the active
- *  units are exactly DEFAULT's; g, u and h are rounded as in DEFAULT. Each weight changes by at
+ *  units are exactly DEFAULT's; g, u and h are rounded as in DEFAULT. Where dense GEMMs beat
+ *  gathers the CUDA backend reads the 16-bit weights instead, and those tokens' y is DEFAULT's:
+ *  tokens on its dense path (more active units than max(H / 32, 64), or a TwELL tile over
+ *  capacity), and every token of a forward that runs dense (after one whose tokens averaged more
+ *  than H / 128 active units; TW_FFN_ATTR_ALGORITHM pins a sparse path instead). Each weight changes by at
  *  most 2^-4 of itself (or 2^-10 s below 2^-6 s), so y moves by a few per cent of its norm from
  *  DEFAULT's (docs/api-guide.md gives the measured figures). 16-bit FFNs only (an fp32 FFN:
  *  NOT_SUPPORTED from twFfnSetAttribute); twSpGEMMFused only (the training calls:
@@ -380,6 +409,14 @@ TWBLAS_API twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr,
 /** Reads an attribute; size as for twFfnSetAttribute. */
 TWBLAS_API twStatus_t twFfnGetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, void *value,
                                         size_t size);
+/** Tuning knobs of the backend's path choice, by name (docs/api-guide.md lists them with their
+ *  defaults): the crossovers between the CUDA forward's paths and the switches of their variants,
+ *  so that a benchmark compares two settings in one process. Results do not depend on them (only
+ *  speed does). Setup calls, under the thread rules of twFfnSetAttribute; a captured call graph
+ *  of the FFN follows the new values. Unknown name or value out of range: INVALID_VALUE; the CPU
+ *  backend has no knobs: NOT_SUPPORTED. */
+TWBLAS_API twStatus_t twFfnSetTuning(twFfnDescr_t ffn, const char *name, double value);
+TWBLAS_API twStatus_t twFfnGetTuning(twFfnDescr_t ffn, const char *name, double *value);
 
 /** Workspace bytes for twSpGEMMFused with these X and Y (0 when M = 0). M <= INT32_MAX tokens
  *  per call (token ids are 32-bit; INVALID_VALUE naming X beyond). */

@@ -475,6 +475,18 @@ class Ffn {
               handle_);
         return value;
     }
+    /** Pins the forward's algorithm (TW_FFN_ATTR_ALGORITHM; TW_FFN_ALG_DEFAULT chooses). */
+    void set_algorithm(twFfnAlgorithm_t algorithm) { set_attribute(TW_FFN_ATTR_ALGORITHM, algorithm); }
+    /** Sets a tuning knob of the backend's path choice by name (twFfnSetTuning). */
+    void set_tuning(const char *name, double value) {
+        check(twFfnSetTuning(get(), name, value), "twFfnSetTuning", handle_);
+    }
+    /** Reads a tuning knob by name (twFfnGetTuning). */
+    double tuning(const char *name) const {
+        double value = 0;
+        check(twFfnGetTuning(get(), name, &value), "twFfnGetTuning", handle_);
+        return value;
+    }
     /** Bytes of weight copies the FFN holds in the backend's memory
      *  (TW_FFN_ATTR_WEIGHT_COPY_BYTES; 0 when every weight is read in place). */
     std::int64_t weight_copy_bytes() const {

@@ -25,7 +25,7 @@
 #include "common/matrix_arg.hpp"
 #include "common/pointer_check.hpp"
 #include "gemm/gathered_gemm.hpp"
-#include "heuristics.hpp"
+#include "plan/forward_plan.hpp"
 #include "kernels/bwd_recompute.cuh"
 #include "kernels/bwd_tokens.cuh"
 #include "kernels/bwd_units.cuh"
@@ -33,6 +33,17 @@
 namespace twblas::cuda {
 
 namespace {
+
+// The unit phase's shape for units active on many tokens (docs/performance-notes.md, "Tuning"):
+// a hot unit's tokens are summed by kUnitTokenGroups groups of 64 threads, in clusters of
+// kHotUnitCluster blocks (sm_90), kHotUnitBlocks units a launch. Only the hot units take groups:
+// every unit in groups made the training step 4-16 % slower (fewer blocks an SM).
+constexpr int kUnitTokenGroups = 8;
+constexpr int kHotUnitCluster = 8;
+constexpr int64_t kHotUnitBlocks = 64;
+/// A unit is hot past 256 tokens, or M / 32 past 8192 tokens: a function of M alone, so the bits
+/// are the same from call to call.
+constexpr int64_t unit_hot_tokens(int64_t m) { return m / 32 > 256 ? m / 32 : 256; }
 
 struct BackwardArgs {
     MatrixArg x, dy, dx, dwg, dwu, dwd;  // dwg.ptr NULL for a plain FFN
@@ -136,13 +147,13 @@ void sort_slots_by_unit(cudaStream_t stream, const FfnProblem &p, const SavedVie
     check_launch("unit_starts");
 }
 
-/// The hot units' kernel: clusters of heuristics::kHotUnitCluster blocks a unit where cluster
+/// The hot units' kernel: clusters of kHotUnitCluster blocks a unit where cluster
 /// launches run (an sm_90+ GPU running compute_90+ code: DeviceInfo::pdl's condition), else
 /// one block a unit.
 template <class T>
 void launch_hot_units(cudaStream_t stream, const UnitArgs<T> &ua, int64_t h, unsigned slices, bool clusters) {
-    constexpr int G = heuristics::kUnitTokenGroups, N = heuristics::kHotUnitCluster;
-    const unsigned units = static_cast<unsigned>(std::min<int64_t>(h, heuristics::kHotUnitBlocks));
+    constexpr int G = kUnitTokenGroups, N = kHotUnitCluster;
+    const unsigned units = static_cast<unsigned>(std::min<int64_t>(h, kHotUnitBlocks));
     if (!clusters || N == 1) {
         backward_hot_units<T, G, 1><<<dim3(units, slices), kUnitThreads * G, 0, stream>>>(ua);
         check_launch("backward_hot_units");
@@ -167,7 +178,7 @@ void backward(cudaStream_t stream, const FfnProblem &p, const FfnWeights &w, con
                     sv.idx, sv.g, sv.u, sv.count, l.ell, s.dz, s.du};
     // clang-format on
     const int64_t total = p.m * l.ell;
-    const int64_t hot_tokens = heuristics::unit_hot_tokens(p.m);
+    const int64_t hot_tokens = unit_hot_tokens(p.m);
     // a unit has at most M slots: up to hot_tokens tokens none is hot, so no list and no hot kernel
     const bool hot_possible = total > 0 && p.m > hot_tokens;
     // The token phase on the main stream; beside it, on the branch, the work that needs only the
@@ -400,8 +411,10 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
     // published since then ask for (unless the forward is no longer listed).
     absorb_feedback(st);
     const bool cublas = !p.deterministic && p.cublas_ok();
-    const bool dense_forward = forward ? forward->dense_mode : st.dense_mode;
-    const int64_t cap = !cublas ? 0 : dense_forward ? p.m : heuristics::dense_path_cublas_rows(st.dense_row_fraction, p.m);
+    const bool dense_forward = forward ? forward->dense_mode : st.feedback_seen.dense_mode;
+    const int64_t cap = !cublas                ? 0
+                        : dense_forward ? p.m
+                                        : dense_path_cublas_rows(st.feedback_seen.dense_row_fraction, p.m);
     if (cap > 0) recompute_with_cublas(stream, st, p, saved, b, s, cap);
     by_type(p.type,
             [&](auto tag) { backward<decltype(tag)>(stream, p, w, saved, b, s, cap, st.sm_count, st.branch, st.pdl); });

@@ -1,5 +1,6 @@
-// The forward of the fused FFN, inference and training: path choice, the sequence of GEMMs and
-// kernels, and their launchers. Nothing here allocates or synchronises.
+// The forward of the fused FFN, inference and training (ffn_forward.cu: the plan, then the path's
+// launchers in sequence), and the placement of the weights it reads. Nothing here allocates or
+// synchronises in a compute call.
 #pragma once
 
 #include <cuda_runtime.h>

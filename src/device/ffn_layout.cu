@@ -9,7 +9,7 @@
 #include "common/check.hpp"
 #include "common/workspace.hpp"
 #include "gemm/lt_gemm.hpp"
-#include "heuristics.hpp"
+#include "plan/forward_plan.hpp"
 
 namespace twblas::cuda {
 
@@ -31,7 +31,7 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
     s.xc = p.cublas_ok() ? c.take<char>(static_cast<size_t>(p.m * p.dp) * 2) : nullptr;
     s.cap = ffn_list_width(p);
     s.idx = c.take<uint16_t>(static_cast<size_t>(p.m * s.cap));
-    s.row_limit = heuristics::dense_path_row_limit(p.h);
+    s.row_limit = dense_path_row_limit(p.h);
     s.count = c.take<int32_t>(static_cast<size_t>(p.m));
     s.row_nnz = c.take<int32_t>(static_cast<size_t>(p.m));
     s.row_l1 = c.take<float>(static_cast<size_t>(p.m));
@@ -39,7 +39,7 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
     s.dense_count = s.header;
     s.dense_rows = c.take<int32_t>(static_cast<size_t>(p.m));
     s.writer_flags = c.take<int32_t>(static_cast<size_t>(p.m) + 64);
-    if (heuristics::decode_applies(p)) {
+    if (decode_fits(p.m, p.dp, p.gate_f32())) {
         const int64_t blocks = (p.h + kDecodeUnitsPerBlock - 1) / kDecodeUnitsPerBlock;
         const int64_t tiles = (p.h + p.tile - 1) / p.tile;
         // the header first, so that one memset zeroes everything the decode kernels count in
@@ -53,8 +53,9 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
         s.unit_words = (p.h + 31) / 32;
         s.unit_masks = c.take<uint32_t>(static_cast<size_t>(p.m * s.unit_words));
     }
-    if (heuristics::serve_applies(p)) s.serve_ticket = c.take<uint32_t>(1);
-    s.splits = heuristics::fused_splits(p.m);
+    // the serving path's ticket wherever a plan may pick it (the tuning moves where it ends)
+    if (p.cublas_ok() && p.m >= 1) s.serve_ticket = c.take<uint32_t>(1);
+    s.splits = fused_splits(p.m);
     s.partial = s.splits > 1 ? c.take<float>(static_cast<size_t>(s.splits * p.m * (p.dp + 1))) : nullptr;
     if (bytes) *bytes = c.used();
     return s;

@@ -84,7 +84,7 @@ struct alignas(16) FfnFeedback {
 #else
 #define TWBLAS_HOST_DEVICE
 #endif
-/// The mode word: bit 0 heuristics::dense_mode_after; above it the mean active units per token
+/// The mode word: bit 0 dense mode (FfnStatsBlock's limits); above it the mean active units per token
 /// as a quarter-octave bucket, ceil(4 log2(mean + 1)). Coarse on purpose: the record is written to
 /// host memory only when it changes (about a microsecond at the end of a kernel), and a decode
 /// step's count changes with nearly every token, its bucket far less often (26 to 31 share one).
@@ -98,11 +98,13 @@ TWBLAS_HOST_DEVICE inline uint32_t feedback_check(uint32_t mode, uint32_t share_
     return (mode * 0x85ebca6bu ^ ((share_bits << 13) | (share_bits >> 19))) + 0x9e3779b9u;
 }
 
-/// The device memory of an FFN's statistics: those of the last forward, and a copy of the last
-/// record published to the host.
+/// The device memory of an FFN's statistics: those of the last forward, a copy of the last
+/// record published to the host, and the tuning's dense-mode limits the publishing kernels read.
 struct FfnStatsBlock {
     FfnDeviceStats last;
     FfnFeedback published;
+    double dense_mode_mean;   // dense mode after a forward with more active units a token
+    float dense_mode_share;   // or a larger share of its rows on the dense path
 };
 
 /// Width of the per-token active-unit lists: the most units a row without tile overflow has.
@@ -139,6 +141,24 @@ struct FfnScratch {
     uint32_t *serve_ticket;  // serving: the last-block ticket of the statistics
 };
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
+
+/// What the unit lists are made from after the masked gate GEMM: its active-unit words, into the
+/// lists, counts, dense list and per-unit counts of the scratch (kernels/pack.cuh).
+struct MaskListArgs {
+    const uint32_t *masks;
+    int64_t words, m;
+    int tile, slots, cap;
+    uint16_t *idx;
+    int32_t *count, *row_nnz, *dense_rows;
+    uint32_t *dense_count;
+    unsigned long long *neuron_counts;
+    int row_limit;
+    // the 16-bit gate the words came from, written at active units only: the other values of
+    // a dense-path row are zeroed here (NULL: the gate is whole, inactive units +0)
+    uint16_t *gate;
+    int64_t ldg, h;
+};
+
 
 // ---- training
 
@@ -189,7 +209,7 @@ struct TrainScratch {
     void *rows_temp;
     size_t rows_bytes;
     int32_t *unit_start;  // H + 1
-    int32_t *hot_units;   // H: the units with more than heuristics::unit_hot_tokens(M) tokens
+    int32_t *hot_units;   // H: the units with more than unit_hot_tokens(M) tokens (ffn_backward.cu)
     uint32_t *hot_count;  // how many (zeroed by slot_keys, counted by unit_starts)
     void *dz, *du;        // M x ell, gate type
     void *rz, *ru, *rh;   // recomputed rows: M x hp, gate type

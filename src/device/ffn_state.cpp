@@ -1,10 +1,30 @@
 #include "ffn_state.hpp"
 
 #include <cstring>
+#include <string>
 
-#include "heuristics.hpp"
+#include "plan/forward_plan.hpp"
 
 namespace twblas::cuda {
+
+namespace {
+/// The FFN's device current for a setup call, the caller's again after it.
+class DeviceGuard {
+  public:
+    explicit DeviceGuard(int device) : device_(device) {
+        check(cudaGetDevice(&was_), "cudaGetDevice");
+        if (was_ != device_) check(cudaSetDevice(device_), "cudaSetDevice");
+    }
+    ~DeviceGuard() {
+        if (was_ != device_) (void)cudaSetDevice(was_);
+    }
+    DeviceGuard(const DeviceGuard &) = delete;
+    DeviceGuard &operator=(const DeviceGuard &) = delete;
+
+  private:
+    int device_, was_ = 0;
+};
+}  // namespace
 
 FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens) {
     FfnProblem p{};
@@ -27,14 +47,15 @@ FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens) {
 
 std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const DeviceInfo &device, cudaStream_t stream) {
     const FfnProblem p = problem_of(ffn, 0);
-    if (p.dp > heuristics::max_model_dim(p.type))
+    if (p.dp > max_model_dim(p.type))
         fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN supports a model dimension up to %lld for this type; D = %lld",
-             static_cast<long long>(heuristics::max_model_dim(p.type)), static_cast<long long>(p.d));
+             static_cast<long long>(max_model_dim(p.type)), static_cast<long long>(p.d));
     if (p.h > kMaxSparseCols)
         fail(TW_STATUS_NOT_SUPPORTED, "the CUDA FFN keeps unit ids in 16 bits: H up to %lld; H = %lld",
              static_cast<long long>(kMaxSparseCols), static_cast<long long>(p.h));
     auto st = std::make_unique<CudaFfnState>();
     st->sm_count = device.sm_count;
+    st->hidden = p.h;
     st->device = device.device;
     st->masked_gate = device.masked_gate;
     st->pdl = device.pdl;
@@ -44,20 +65,50 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const Device
     st->fp8_scale_bytes = static_cast<size_t>(p.h) * sizeof(float2);
     check(cudaMemsetAsync(st->stats.get(), 0, st->stats.bytes(), stream), "cudaMemsetAsync");
     check(cudaMemsetAsync(st->counts.get(), 0, st->counts.bytes(), stream), "cudaMemsetAsync");
+    st->write_dense_mode_limits(p.h, stream);
     return st;
+}
+
+void CudaFfnState::write_dense_mode_limits(int64_t hidden_dim, cudaStream_t stream) {
+    const double mean = static_cast<double>(hidden_dim) * tuning.dense_mode_units_per_hidden;
+    const float share = static_cast<float>(tuning.dense_mode_dense_share);
+    auto *block = stats_block();
+    // pageable sources: the copies have taken them when the calls return
+    check(cudaMemcpyAsync(&block->dense_mode_mean, &mean, sizeof mean, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(&block->dense_mode_share, &share, sizeof share, cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync");
+}
+
+bool CudaFfnState::set_tuning(const char *name, double value) {
+    std::lock_guard<std::mutex> lock(mutex);
+    FfnTuning t = tuning;
+    if (!set_tuning_knob(t, name, value)) {
+        std::string names;
+        for (const char *const *n = tuning_knob_names(); *n; ++n) names += std::string(names.empty() ? "" : ", ") + *n;
+        double unused;
+        if (get_tuning_knob(t, name, &unused))
+            fail(TW_STATUS_INVALID_VALUE, "value: %g is out of range for tuning knob %s", value, name);
+        fail(TW_STATUS_INVALID_VALUE, "name: %s is not a tuning knob; the CUDA backend's knobs: %s", name, names.c_str());
+    }
+    const bool limits = t.dense_mode_units_per_hidden != tuning.dense_mode_units_per_hidden ||
+                        t.dense_mode_dense_share != tuning.dense_mode_dense_share;
+    tuning = t;
+    if (limits) {
+        const DeviceGuard guard(device);
+        write_dense_mode_limits(hidden, nullptr);
+        check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+    }
+    return true;
+}
+
+bool CudaFfnState::get_tuning(const char *name, double *value) const {
+    if (!get_tuning_knob(tuning, name, value)) fail(TW_STATUS_INVALID_VALUE, "name: %s is not a tuning knob", name);
+    return true;
 }
 
 void CudaFfnState::prepare_compute_mode(int32_t mode) {
     if (mode != TW_COMPUTE_FP8_WEIGHTS || fp8_q.get()) return;
-    int current = 0;
-    check(cudaGetDevice(&current), "cudaGetDevice");
-    if (current != device) check(cudaSetDevice(device), "cudaSetDevice");
-    struct Restore {
-        int dev, was;
-        ~Restore() {
-            if (dev != was) (void)cudaSetDevice(was);
-        }
-    } restore{device, current};
+    const DeviceGuard guard(device);
     fp8_q.reset(fp8_q_bytes);
     fp8_scale.reset(fp8_scale_bytes);
     std::lock_guard<std::mutex> lock(mutex);
@@ -73,9 +124,7 @@ void absorb_feedback(CudaFfnState &st) {
     uint32_t share_bits;
     std::memcpy(&share_bits, &f.dense_share, 4);
     if (f.published != 1u || f.check != feedback_check(f.mode, share_bits)) return;  // none yet, or torn
-    st.dense_mode = (f.mode & 1u) != 0;
-    st.mean_active = feedback_mean(f.mode);
-    st.dense_row_fraction = f.dense_share;
+    st.feedback_seen = {(f.mode & 1u) != 0, feedback_mean(f.mode), f.dense_share};
 }
 
 }  // namespace twblas::cuda

@@ -10,6 +10,7 @@
 #include "call_graphs.hpp"
 #include "common/device_buffer.hpp"
 #include "ffn_layout.hpp"
+#include "plan/forward_plan.hpp"
 #include "gemm/lt_gemm.hpp"
 #include "common/device_info.hpp"
 #include "common/pointer_check.hpp"
@@ -80,6 +81,7 @@ struct CudaFfnState final : FfnState {
     DeviceBuffer counts;              // per-unit activation counts (H x int64)
     MappedHost<FfnFeedback> feedback;  // the finishing kernel publishes the statistics here
     int sm_count = 132;
+    int64_t hidden = 0;  // H
     int device = 0;
     bool masked_gate = false;  // the masked gate GEMM runs here (built for sm_90a, an sm_90 GPU)
     bool pdl = false;          // DeviceInfo::pdl
@@ -91,9 +93,8 @@ struct CudaFfnState final : FfnState {
     // (read without a wait; see absorb_feedback). Guarded by `mutex`, as is everything above that
     // a compute call changes (plans, captured calls).
     std::mutex mutex;
-    bool dense_mode = false;
-    double mean_active = 0.0;  // active units per token (feedback_mean: up to ~19 % above)
-    double dense_row_fraction = 0.0;
+    PlanFeedback feedback_seen;  // what the last published statistics said
+    FfnTuning tuning;            // twFfnSetTuning
     TrainForwards train_forwards;
     ReachablePointers train_pointers;  // the training calls' arguments, checked once each
 
@@ -107,6 +108,10 @@ struct CudaFfnState final : FfnState {
         return static_cast<int64_t>(weight_copy.bytes() + fp8_q.bytes() + fp8_scale.bytes());
     }
     void prepare_compute_mode(int32_t mode) override;
+    bool set_tuning(const char *name, double value) override;
+    bool get_tuning(const char *name, double *value) const override;
+    /// Writes the tuning's dense-mode limits into the statistics block (a blocking copy).
+    void write_dense_mode_limits(int64_t hidden_dim, cudaStream_t stream);
     FfnStatsBlock *stats_block() const { return stats.get<FfnStatsBlock>(); }
     unsigned long long *neuron_counts() const { return counts.get<unsigned long long>(); }
 };
@@ -119,7 +124,7 @@ FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens);
 /// Allocates the state (weights not yet copied) and checks the limits of the CUDA FFN.
 std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const DeviceInfo &device, cudaStream_t stream);
 
-/// Takes the record the finished forwards last published into the path choice. Never waits; call
+/// Takes the record the finished forwards last published into feedback_seen. Never waits; call
 /// with the state's mutex held.
 void absorb_feedback(CudaFfnState &st);
 

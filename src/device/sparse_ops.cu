@@ -7,6 +7,7 @@
 #include "common/pointer_check.hpp"
 #include "common/workspace.hpp"
 #include "gemm/masked_gate_gemm.hpp"
+#include "plan/forward_plan.hpp"
 #include "kernels/sparse_containers.cuh"
 
 namespace twblas::cuda {
@@ -64,7 +65,8 @@ void gemm_to_sparse(cudaStream_t stream, GemmRunner &gemm, const DeviceInfo &dev
     MaskedGateGemm g{};
     if (masked_operands(dev, alpha, a, b, c, act, s, ldz, g)) {
         // the writer reads the active values only (the others were never written)
-        launch_masked_gate_gemm(stream, a.type, g, dev.device, dev.sm_count);
+        launch_masked_gate_gemm(stream, a.type, g, masked_gate_tile_n(a.rows, b.rows, dev.sm_count), dev.device,
+                                dev.sm_count);
         write_sparse(stream, {s.z, a.rows, b.rows, ldz, 1, a.type}, act, c, s.flags, {g.masks, g.words});
         return;
     }

@@ -28,6 +28,16 @@ struct FfnState {
     /// Bytes of weight copies this FFN holds in the backend's memory (TW_FFN_ATTR_WEIGHT_COPY_BYTES):
     /// 0 when the weights are read where the caller keeps them.
     virtual int64_t weight_copy_bytes() const = 0;
+    /// Tuning knobs by name (twFfnSetTuning): false when the backend has none. A backend with
+    /// knobs throws INVALID_VALUE for an unknown name or a value out of range.
+    virtual bool set_tuning(const char *name, double value) {
+        (void)name, (void)value;
+        return false;
+    }
+    virtual bool get_tuning(const char *name, double *value) const {
+        (void)name, (void)value;
+        return false;
+    }
 };
 
 class Backend {

@@ -99,6 +99,7 @@ struct twFfnDescr {
     int32_t deterministic = 0;
     int32_t save_dense = 0;  // TW_FFN_ATTR_SAVE_DENSE
     int32_t call_graphs = 1;  // TW_FFN_ATTR_CALL_GRAPHS
+    int32_t algorithm = TW_FFN_ALG_DEFAULT;  // TW_FFN_ATTR_ALGORITHM
     float *l1_output = nullptr;             // TW_FFN_ATTR_L1_OUTPUT
     const float *l1_coeff_pointer = nullptr;  // TW_FFN_ATTR_L1_COEFF_POINTER
     std::unique_ptr<twblas::FfnState> state;  // backend-owned: packed weights, stats, counts

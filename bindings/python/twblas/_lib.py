@@ -34,6 +34,10 @@ BACKEND_DEFAULT, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 FFN_GATED_RELU, FFN_RELU = 0, 1
 FFN_ATTR_TILE_WIDTH, FFN_ATTR_COMPRESSION, FFN_ATTR_COMPUTE_MODE, FFN_ATTR_DETERMINISTIC, FFN_ATTR_SAVE_DENSE = 0, 1, 2, 3, 4
 FFN_ATTR_L1_OUTPUT, FFN_ATTR_L1_COEFF_POINTER, FFN_ATTR_CALL_GRAPHS = 5, 6, 7
+FFN_ATTR_WEIGHT_COPY_BYTES, FFN_ATTR_ALGORITHM = 8, 9
+# twFfnAlgorithm_t
+(FFN_ALG_DEFAULT, FFN_ALG_SERVE, FFN_ALG_DECODE, FFN_ALG_DENSE, FFN_ALG_FUSED, FFN_ALG_TWO_PASS,
+ FFN_ALG_MASKED_TWO_PASS) = range(7)
 
 
 class FfnStats(ctypes.Structure):
@@ -75,6 +79,9 @@ def _declare(lib):
         "twFfnUpdateWeights": (c_int, [H, H, H, H, H]),
         "twDestroyFfn": (c_int, [H]),
         "twFfnSetAttribute": (c_int, [H, c_int, c_void_p, c_size_t]),
+        "twFfnGetAttribute": (c_int, [H, c_int, c_void_p, c_size_t]),
+        "twFfnSetTuning": (c_int, [H, c_char_p, ctypes.c_double]),
+        "twFfnGetTuning": (c_int, [H, c_char_p, POINTER(ctypes.c_double)]),
         "twSpGEMMFused_bufferSize": (c_int, [H, H, H, H, POINTER(c_size_t)]),
         "twSpGEMMFused": (c_int, [H, H, H, H, H, c_void_p]),
         "twFfnGetStats": (c_int, [H, H, POINTER(FfnStats)]),

@@ -4,13 +4,14 @@
 
 #include <mma.h>
 
+#include <algorithm>
+
 #include <type_traits>
 
 #include "common/check.hpp"
 #include "common/dependent_launch.cuh"
 #include "common/dispatch.hpp"
 #include "common/values.cuh"
-#include "heuristics.hpp"
 #include "kernels/ffn_math.cuh"
 
 namespace twblas::cuda {
@@ -226,6 +227,13 @@ template <class T> __global__ void __launch_bounds__(256) gathered_gemm_f32(Gath
     }
 }
 
+/// Row blocks of a gathered GEMM per column tile: enough blocks for 4 per SM.
+int gathered_row_blocks(int64_t max_rows, int64_t column_tiles, int sm_count) {
+    const int64_t row_blocks = (max_rows + 63) / 64;
+    return static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>(row_blocks, std::max<int64_t>(1, 4 * sm_count / column_tiles))));
+}
+
 }  // namespace
 
 void launch_gathered_gemm(cudaStream_t stream, GatheredGemm g, twDataType_t value_type, bool tensor_cores, int sm_count,
@@ -233,7 +241,7 @@ void launch_gathered_gemm(cudaStream_t stream, GatheredGemm g, twDataType_t valu
     if (g.n == 0 || g.m == 0) return;
     const int tiles_n = ceil_div(g.n, kGn);
     const dim3 grid(static_cast<unsigned>(tiles_n),
-                    static_cast<unsigned>(heuristics::gathered_row_blocks(g.m, tiles_n, sm_count)));
+                    static_cast<unsigned>(gathered_row_blocks(g.m, tiles_n, sm_count)));
     g.b_vec = !g.b_f32 && !g.k_dev && g.b_rk == 1 && !g.b_rows && g.ksplit >= g.k && g.b_cj % 8 == 0 &&
               reinterpret_cast<uintptr_t>(g.b) % 16 == 0;
     by_type(value_type, [&](auto tag) {

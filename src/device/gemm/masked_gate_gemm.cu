@@ -3,7 +3,6 @@
 // for sm_90a, where TWBLAS_HAVE_SM90A says they were built.
 #include "gemm/masked_gate_gemm.hpp"
 
-#include "heuristics.hpp"
 #include "host/error.hpp"
 
 namespace twblas::cuda {
@@ -40,15 +39,16 @@ bool masked_gate_gemm_fits(twDataType_t type, const MaskedGateGemm &g) {
     return g.m > 0 && g.n > 0 && g.k > 0 && g.m < kInt && g.n < kInt && g.k < kInt && g.words * 32 >= g.n;
 }
 
-void launch_masked_gate_gemm(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g, int device, int sm_count) {
+void launch_masked_gate_gemm(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g, int tile_n, int device,
+                             int sm_count) {
 #if defined(TWBLAS_HAVE_SM90A)
-    const bool narrow = heuristics::masked_gate_tile_n(g.m, g.n, sm_count) == 192;
+    const bool narrow = tile_n == 192;
     if (type == TW_R_16BF)
         (narrow ? masked_gate::launch_bf16_narrow : masked_gate::launch_bf16)(stream, g, device, sm_count);
     else
         (narrow ? masked_gate::launch_f16_narrow : masked_gate::launch_f16)(stream, g, device, sm_count);
 #else
-    (void)stream, (void)type, (void)g, (void)device, (void)sm_count;
+    (void)stream, (void)type, (void)g, (void)tile_n, (void)device, (void)sm_count;
     fail(TW_STATUS_INTERNAL_ERROR, "masked gate GEMM: this build holds no sm_90a code (masked_gate_gemm_built)");
 #endif
 }

@@ -238,7 +238,7 @@ void launch_typed(cudaStream_t stream, const MaskedGateGemm &g, int device, int 
 }
 
 /// The narrow tile: 128 x 192, for problems whose 256-wide tiles leave SMs idle in their last wave
-/// (heuristics::masked_gate_tile_n).
+/// (the plan's masked_gate_tile_n).
 template <class T> using NarrowKernel = Kernel<T, Shape<_128, _192, _64>>;
 
 // two tile widths per 16-bit type, in their own translation units (launch_bf16, launch_f16: 256

@@ -36,8 +36,9 @@ bool masked_gate_gemm_built();
 /// (TMA), sizes below 2^31.
 bool masked_gate_gemm_fits(twDataType_t type, const MaskedGateGemm &g);
 
-/// Enqueues the GEMM on `stream` (no allocation, no synchronisation; graph capture works). The
-/// device must be sm_90 and the operands must fit.
-void launch_masked_gate_gemm(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g, int device, int sm_count);
+/// Enqueues the GEMM on `stream` (no allocation, no synchronisation; graph capture works), with
+/// tiles `tile_n` (256 or 192) columns wide. The device must be sm_90 and the operands must fit.
+void launch_masked_gate_gemm(cudaStream_t stream, twDataType_t type, const MaskedGateGemm &g, int tile_n, int device,
+                             int sm_count);
 
 }  // namespace twblas::cuda

@@ -100,7 +100,7 @@ template <class T> struct UnitArgs {
 // bound by load latency, so a unit active on most tokens (a long serial sum) finishes G times
 // sooner; G = 1 is one group, no reduction. Every unit with G > 1 cost 4-16 % of the training
 // step on an H100 (fewer blocks an SM), so only the hot units take the groups
-// (heuristics::unit_hot_tokens).
+// (unit_hot_tokens in ffn_backward.cu).
 // A batch stages 64 entries a group, up to 4 groups (a hot unit's 8192 tokens in 32 batches of
 // two dependent loads and two barriers each, not 128).
 constexpr int kUnitThreads = 64, kUnitBatch = 64;
@@ -108,11 +108,7 @@ constexpr int kUnitThreads = 64, kUnitBatch = 64;
 // (one 512-thread block an SM, 89 registers) 2 x 8. On an H100, 8 units on every token (bench
 // uniform-6+hot-8, same call): 64-entry batches 715 us a step, 256-entry batches 566, and 8
 // entries in flight 553
-#ifdef TWBLAS_HOT_UNIT_AHEAD
-constexpr int kHotUnitAhead = TWBLAS_HOT_UNIT_AHEAD;
-#else
 constexpr int kHotUnitAhead = 8;
-#endif
 
 /// Unit j's three weight-gradient chunks (this block's column slice). Every thread of the block
 /// calls it with the same j (its barriers are the block's). With N > 1 the block is rank r of a

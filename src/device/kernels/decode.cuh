@@ -5,7 +5,7 @@
 #include "common/values.cuh"
 #include "common/warp.cuh"
 #include "ffn_layout.hpp"
-#include "heuristics.hpp"
+#include "kernel_limits.hpp"
 
 namespace twblas::cuda {
 
@@ -16,10 +16,9 @@ namespace twblas::cuda {
 // the tokens they fired for, in unit order, into one fp32 partial row per token; decode_reduce
 // sums, per token, the partial rows of the blocks that had any, in block order (deterministic).
 
-// Tokens the kernel's per-warp registers hold (heuristics::kDecodeMaxTokens chooses how many it
-// takes); C chunks of 8 values per lane cover D <= 256 C.
+// Tokens the kernel's per-warp registers hold (the path takes up to kDecodeMaxTokens); C chunks of 8 values per lane cover D <= 256 C.
 constexpr int kDecodeTokenCapacity = 8;
-static_assert(heuristics::kDecodeMaxTokens <= kDecodeTokenCapacity, "decode takes more tokens than it holds");
+static_assert(kDecodeMaxTokens <= kDecodeTokenCapacity, "decode takes more tokens than it holds");
 
 template <class T> struct DecodeArgs {
     const T *x;

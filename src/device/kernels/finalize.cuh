@@ -6,7 +6,6 @@
 #include "common/values.cuh"
 #include "common/warp.cuh"
 #include "ffn_layout.hpp"
-#include "heuristics.hpp"
 
 namespace twblas::cuda {
 
@@ -35,13 +34,14 @@ template <class V, class Op> __device__ inline V block_reduce(V v, Op op, V *scr
 /// record, loaded early (its latency hidden).
 __device__ inline void publish_statistics(const FfnDeviceStats &s, int64_t h, FfnStatsBlock *block, FfnFeedback *publish,
                                           uint4 last_record) {
+    (void)h;  // the limits are the tuning's, in the block
     block->last = s;
     // publish what steers the path choice to the host (mapped memory), when it changed: one
     // 16-byte store with a check word, so that a torn read is recognised
     const long long m = s.tokens;
     const double mean = m > 0 ? static_cast<double>(s.total_nnz) / static_cast<double>(m) : 0.0;
     const float share = m > 0 ? static_cast<float>(static_cast<double>(s.dense_rows) / static_cast<double>(m)) : 0.0f;
-    const uint32_t mode = feedback_mode(heuristics::dense_mode_after(mean, share, h), mean);
+    const uint32_t mode = feedback_mode(mean > block->dense_mode_mean || share > block->dense_mode_share, mean);
     const uint32_t share_bits = __float_as_uint(share);
     if (last_record.z != 1u || last_record.x != mode || last_record.y != share_bits) {
         const uint4 record = make_uint4(mode, share_bits, 1u, feedback_check(mode, share_bits));

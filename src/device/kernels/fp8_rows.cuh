@@ -1,7 +1,7 @@
 // TW_COMPUTE_FP8_WEIGHTS: the units' up and down rows as FP8 E4M3 with one fp32 scale per row
 // (s = max|w| / 448, 1 for a row of zeros; twblas.h gives the rule), made from the FFN's own rows
-// by quantize_fp8_rows, and read back by the two-pass kernels: half the bytes of a 16-bit row
-// for every active unit, the point of the mode.
+// by quantize_fp8_rows, and read back by the two-pass and serving kernels: half the bytes of a
+// 16-bit row for every active unit, the point of the mode.
 #pragma once
 
 #include <cuda_fp8.h>

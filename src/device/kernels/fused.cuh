@@ -6,7 +6,7 @@
 #include "common/async_copy.cuh"
 #include "common/values.cuh"
 #include "common/warp.cuh"
-#include "heuristics.hpp"
+#include "kernel_limits.hpp"
 
 namespace twblas::cuda {
 
@@ -45,7 +45,7 @@ template <class T> __host__ __device__ size_t sparse_stage_bytes(int64_t dp, boo
 // a team of up to kFusedMaxTeamWarps warps (D past 4096 at 16 bits, 2048 at 32; the bound was 128
 // threads, which made the launch fail past those D)
 template <class T, int V>
-__global__ void __launch_bounds__(32 * heuristics::kFusedMaxTeamWarps) sparse_ffn(FusedArgs<T> a) {
+__global__ void __launch_bounds__(32 * kFusedMaxTeamWarps) sparse_ffn(FusedArgs<T> a) {
     constexpr int E = Chunk<T>::n;
     extern __shared__ uint4 dyn_smem[];
     __shared__ float partial[2][32];

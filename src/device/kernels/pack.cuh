@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseSt
         for (int w = 0; w < warps; ++w) row_l1 += l1s[w], row_total += totals[w], row_over |= overs[w];
         a.row_nnz[row] = row_total;
         // -1 / -2 as the sparse paths mark them, so that the dense share (which keeps dense mode on
-        // for a batch with such rows, heuristics::dense_rows_favour_dense_mode) is measured here too
+        // for a batch with such rows, the plan's dense_rows_dense_mode_max_tokens) is measured here too
         a.count[row] = row_count_code(row_total, row_over, a.row_limit);
         a.row_l1[row] = row_l1;
         last = false;
@@ -240,21 +240,8 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseSt
 /// The packing pass's outputs (unit lists, counts, the dense list, per-unit counts) from the
 /// masked gate GEMM's active-unit words instead of the gate values: one warp per token reads
 /// H / 8 bytes instead of the whole 16-bit gate row (1/16 of the bytes). Same outputs as pack_rows
-/// in its sparse mode: units ascending, -1 for a TwELL tile over capacity, -2 for a long row.
-struct MaskListArgs {
-    const uint32_t *masks;
-    int64_t words, m;
-    int tile, slots, cap;
-    uint16_t *idx;
-    int32_t *count, *row_nnz, *dense_rows;
-    uint32_t *dense_count;
-    unsigned long long *neuron_counts;
-    int row_limit;
-    // the 16-bit gate the words came from, written at active units only: the other values of
-    // a dense-path row are zeroed here (NULL: the gate is whole, inactive units +0)
-    uint16_t *gate;
-    int64_t ldg, h;
-};
+/// in its sparse mode: units ascending, -1 for a TwELL tile over capacity, -2 for a long row
+/// (MaskListArgs, ffn_layout.hpp).
 
 constexpr int kMaskAhead = 4;
 
@@ -300,7 +287,8 @@ __device__ inline void zero_inactive_units(const uint32_t *masks, uint16_t *gate
     }
 }
 
-__global__ void __launch_bounds__(128) lists_from_masks(MaskListArgs a) {
+// static: several launcher files include this header (one copy of the kernel each)
+static __global__ void __launch_bounds__(128) lists_from_masks(MaskListArgs a) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
     if (row >= a.m) return;
     const int lane = threadIdx.x & 31;

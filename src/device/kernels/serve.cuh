@@ -1,6 +1,7 @@
-// The serving path (1 to kServeMaxTokens tokens, 16-bit types): two launches joined by
+// The serving path (up to the plan's serve_max_tokens, 16-bit weights or their FP8 rows): two
+// launches joined by
 // programmatic dependent launch, so that the second one's start hides behind the first one's end.
-// Up to heuristics::serve_gate_max_tokens tokens (16, or 8 for large gates):
+// Up to the plan's serve_gate tokens (16, or 8 for large gates):
 //   serve_gate    the gate on tensor cores, streaming Wg once (a block per 8 units, its warps
 //                 splitting K); its epilogue writes g of the active units (0 elsewhere) and one
 //                 byte per token of the active-unit words, then h = g (x_t . Wu_j) over g for the
@@ -59,6 +60,8 @@ template <class T> struct ServeArgs {
     float *row_l1;
     FfnStatsBlock *stats;
     FfnFeedback *publish;
+    bool fetch_256;      // serve_gate's weight loads with an L2 256-byte fetch hint
+    bool prefetch_down;  // prefetch to L2 the Wd rows read next
 };
 
 template <class T> struct MmaOf;
@@ -220,7 +223,7 @@ template <int R> struct TileDots {
 /// memory idle while the warp waited). Ends with sh.z complete for the block.
 template <class T, int R, int U>
 __device__ inline void serve_tile_dots(const T *wrow, bool wok, const T *const (&xrow)[R], const bool (&xok)[R], int64_t d,
-                                       int64_t dp, TileDots<R> &sh) {
+                                       int64_t dp, bool fetch_256, TileDots<R> &sh) {
     constexpr int W = kServeGateWarps, MT = TileDots<R>::MT;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, q = lane & 3;
     float acc[MT][4];
@@ -236,8 +239,8 @@ __device__ inline void serve_tile_dots(const T *wrow, bool wok, const T *const (
         const int64_t k0 = c * 32 + q * 8;
         const bool kok = k0 < dp;  // dp is a multiple of 8: whole 16-byte chunks
         bv[u] = !(kok && wok)                  ? zero
-                : heuristics::kServeGateFetch256 ? load_stream_256(wrow + k0)
-                                                 : __ldcs(reinterpret_cast<const uint4 *>(wrow + k0));
+                : fetch_256             ? load_stream_256(wrow + k0)
+                                        : __ldcs(reinterpret_cast<const uint4 *>(wrow + k0));
 #pragma unroll
         for (int r = 0; r < R; ++r) av[u][r] = kok && xok[r] ? serve_x_chunk(xrow[r], k0, d) : zero;
     };
@@ -308,7 +311,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
         xok[r] = token < a.m;
         xrow[r] = a.x + (xok[r] ? token : 0) * a.x_rs;
     }
-    serve_tile_dots<T, R, U>(wrow, wok, xrow, xok, a.d, a.dp, sh);
+    serve_tile_dots<T, R, U>(wrow, wok, xrow, xok, a.d, a.dp, a.fetch_256, sh);
     auto &z = sh.z;
     // epilogue: a warp per token, a lane per unit (lanes 0 to 7)
     const int64_t unit = unit0 + lane;
@@ -335,7 +338,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
             const int64_t j = unit0 + b;
             const ServeRows<T, FP8> rows(a);
             // serve_down reads Wd_j next, from other SMs: start bringing it to L2 now
-            if (heuristics::kServePrefetchDown) rows.prefetch_down(j, 0, a.dp, lane);
+            if (a.prefetch_down) rows.prefetch_down(j, 0, a.dp, lane);
             for (uint32_t toks = unit_tokens[b]; toks; toks &= toks - 1) {
                 const int t = __ffs(toks) - 1;
                 const float dot = rows.up_dot(a, j, a.x + t * a.x_rs, lane);
@@ -530,7 +533,7 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
 // output; the launch then uses one split, as split 0 would write h where the others read g) and
 // the token's statistics (serve_stats, after the grid, the step's). Rows longer than the list
 // go in windows. A fixed order everywhere, so the bits are deterministic.
-// W warps a block (heuristics::serve_token_warps), V of the split's 8-column chunks a thread.
+// W warps a block (the plan's serve.token_warps), V of the split's 8-column chunks a thread.
 // FP8 (TW_COMPUTE_FP8_WEIGHTS): Wu_j and Wd_j read from the FP8 copy, half the bytes of each row,
 // with the sums of the two-pass FP8 kernels: h = g round(s_u (x_t . q(Wu_j))), y over (h s_d) q(Wd_j).
 constexpr int kServeTokenCap = 512, kServeTokenBatch = 8;
@@ -538,7 +541,7 @@ constexpr int kServeTokenCap = 512, kServeTokenBatch = 8;
 template <class T, int W, int V, bool FP8 = false>
 __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     constexpr int E = Chunk<T>::n, B = kServeTokenBatch / V, NT = 32 * W;
-    constexpr int kMaxChunks = 1024;  // dp <= 8192 (heuristics::max_model_dim)
+    constexpr int kMaxChunks = 1024;  // dp <= 8192 (max_model_dim)
     __shared__ uint4 xs[kMaxChunks];
     __shared__ uint32_t words[kServeMaxWords];
     __shared__ int32_t units[kServeTokenCap];
@@ -611,7 +614,7 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
         for (int i = warp; i < n; i += W) {
             const int64_t j = units[i];
             const uint8_t *row = rows.up_row(j);  // read for a gated FFN only
-            if (heuristics::kServePrefetchDown)
+            if (a.prefetch_down)
                 rows.prefetch_down(j, static_cast<int64_t>(c0) * E, static_cast<int64_t>(c1) * E, lane);
             float h = hs[i], scale_down = 1.0f;
             if constexpr (FP8) {
@@ -697,7 +700,7 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     serve_finish_row<true>(a, t, total, over, row_l1, last_record);
 }
 
-/// After serve_token (or serve_down, heuristics::kServeStatsKernelFew) without a ticket: one warp
+/// After serve_token (or serve_down) without a ticket: one warp
 /// reduces the rows' statistics in a fixed order and publishes them, so that no memset node zeroes
 /// a ticket before the gate GEMM and no token block waits on one.
 template <class T>

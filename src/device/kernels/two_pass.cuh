@@ -1,5 +1,5 @@
 // The forward's sparse rows in two passes (used by the training forward and by the inference
-// forward from heuristics::kTwoPassMinTokens tokens): fwd_u, a warp per (token, active unit), then
+// forward past the fused kernel's tokens): fwd_u, a warp per (token, active unit), then
 // fwd_y, a block per (token, 512-column slice).
 #pragma once
 
@@ -11,24 +11,13 @@
 
 namespace twblas::cuda {
 
-// fwd_u: 8 warps per block (one per active unit in flight); fwd_y: 64 threads of 16-byte chunks
-// = 512 bf16 columns per block
-// (-DTWBLAS_FWD_U_WARPS=N and -DTWBLAS_FWD_UNROLL=N build others, to time them. On an H100, same
-// call: 16 warps 6.5 % slower at 512 tokens
-// and 7-8 % at 4096 and 16384; an unroll of 16 level)
-#ifdef TWBLAS_FWD_U_WARPS
-constexpr int kFwdUWarps = TWBLAS_FWD_U_WARPS;
-#else
+// fwd_u: 8 warps per block (one per active unit in flight; 16 measured 6-8 % slower); fwd_y: 64
+// threads of 16-byte chunks = 512 bf16 columns per block
 constexpr int kFwdUWarps = 8;
-#endif
 constexpr int kFwdYThreads = 64;
 // weight rows whose loads fwd_y has in flight before it uses the first: 8 16-bit chunks (29 units
 // in four rounds of loads instead of eight; the sum keeps its unit order), 4 FP8 ones
-#ifdef TWBLAS_FWD_UNROLL
-constexpr int kFwdUnroll = TWBLAS_FWD_UNROLL;
-#else
 constexpr int kFwdUnroll = 8;
-#endif
 constexpr int kFwdUnrollFp8 = 4;
 
 // ---- the forward's sparse rows, in two kernels (as the token phase of the backward), used by
@@ -58,7 +47,7 @@ template <class T> struct FwdArgs {
     void *save_g, *save_u;  // training: g and u per slot; NULL: h goes over the gate value
     float *row_l1;
     Fp8Rows fp8;  // the rows as FP8 (the kernels' FP8 instances read these instead of up and down)
-    const int32_t *dense_rows;  // the dense path's rows (FP8: fwd_u_dense_rows, fwd_y_dense_rows)
+    const int32_t *dense_rows;  // the dense path's rows
     const uint32_t *dense_count;
     MaskListArgs lists;  // lists.masks set: fwd_u lists its row from the masked GEMM's words itself
 };
@@ -287,120 +276,6 @@ template <class T, bool FP8> __global__ void __launch_bounds__(kFwdYThreads) fwd
         for (int e = 0; e < E; ++e) acc[e] = 0.0f;
         value_rows_axpy<T, kFwdUnroll>(a.down + k0, a.down_ld, s_col, s_h, n, acc);
         if (k0 < a.d) store_chunk(a.y, row, a.y_rs, a.y_cs, a.y_vec, k0, a.d, acc);
-    }
-}
-
-// ---- TW_COMPUTE_FP8_WEIGHTS: the dense path's rows (a TwELL tile over capacity, or more units
-// than the list holds), in FP8 like the sparse rows (DEFAULT runs them through the gathered GEMM
-// on the 16-bit rows). Each row's units are found by a scan of its H gate values, so a row costs
-// what its active units cost plus the scan. The dense list's length is read on the device: the
-// grid's x is a bound, its blocks loop over the list.
-constexpr int kDenseRowWarps = 8, kDenseRowYWarps = 16;
-
-/// h = round(g round(s_u (x . q(Wu_j)))) over the gate value of every active unit of each dense
-/// row, 0 over the others (as the gathered GEMM's GateProduct epilogue leaves them): gated only.
-/// blockIdx.y picks 32 kDenseRowWarps units, a warp takes 32 of them.
-template <class T> __global__ void __launch_bounds__(32 * kDenseRowWarps) fwd_u_dense_rows(FwdArgs<T> a) {
-    wait_for_prior_grid();  // launch_dependent
-    allow_dependent_launch();
-    constexpr int E = Chunk<T>::n;
-    extern __shared__ uint4 sx[];  // x_t over the FP8 half (zeros past D)
-    const int nchunks = static_cast<int>(a.fp8.half / E);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kDenseRowWarps + warp) * 32, c = c0 + lane;
-    const uint32_t rows = *a.dense_count;
-    for (uint32_t b = blockIdx.x; b < rows; b += gridDim.x) {
-        const int64_t row = a.dense_rows[b];
-        __syncthreads();  // the previous row's x is no longer read
-        stage_row(sx, a.x, row, a.x_rs, a.x_cs, a.x_vec, a.d, nchunks);
-        __syncthreads();
-        if (c0 >= a.h) continue;
-        const float g = c < a.h ? gate_value<T>(a.gate, row * a.ldg + c, false) : 0.0f;
-        unsigned active = __ballot_sync(kFullMask, c < a.h && relu_active(g));
-        float h = 0.0f;
-        while (active) {  // the warp's units one at a time, each a warp-wide dot product
-            const int src = __ffs(active) - 1;
-            active &= active - 1;
-            const int64_t col = c0 + src;
-            const float dot = a.fp8.scale[col].x * warp_row_dot_fp8<T>(sx, a.fp8.q + col * a.fp8.stride, nchunks);
-            const float hs = round_to<T>(__shfl_sync(kFullMask, g, src) * round_to<T>(dot));
-            if (lane == src) h = hs;
-        }
-        if (c < a.h) gate_store<T>(const_cast<void *>(a.gate), row * a.ldg + c, false, h);
-    }
-}
-
-/// y of each dense row: a block per 512-column slice (16 columns a lane); the row's active units
-/// compacted 32 kDenseRowYWarps at a time into shared memory in unit order, the warps taking
-/// every kDenseRowYWarps-th of them, their partial sums added in warp order (deterministic).
-template <class T> __global__ void __launch_bounds__(32 * kDenseRowYWarps) fwd_y_dense_rows(FwdArgs<T> a) {
-    wait_for_prior_grid();  // launch_dependent
-    allow_dependent_launch();
-    constexpr int kThreads = 32 * kDenseRowYWarps, kUnroll = 4, W = kDenseRowYWarps;
-    __shared__ int64_t s_col[kThreads];
-    __shared__ float s_h[kThreads];
-    __shared__ int s_warp_n[W];
-    __shared__ float s_part[W][32 * 16 + 4];  // padded: lanes' 16-float runs on distinct banks
-    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    const int64_t k0 = (static_cast<int64_t>(blockIdx.y) * 32 + lane) * 16;
-    const uint8_t *down = a.fp8.q + (a.gated ? a.fp8.half : 0) + k0;
-    const uint32_t rows = *a.dense_count;
-    for (uint32_t b = blockIdx.x; b < rows; b += gridDim.x) {
-        const int64_t row = a.dense_rows[b];
-        float acc[16];
-#pragma unroll
-        for (int e = 0; e < 16; ++e) acc[e] = 0.0f;
-        for (int64_t c0 = 0; c0 < a.h; c0 += kThreads) {
-            const int64_t c = c0 + threadIdx.x;
-            float v = c < a.h ? gate_value<T>(a.gate, row * a.ldg + c, false) : 0.0f;
-            if (!a.gated && !relu_active(v)) v = 0.0f;  // plain: h = relu(z); gated: h, 0 where inactive
-            const bool keep = c < a.h && !(v == 0.0f);
-            const unsigned ballot = __ballot_sync(kFullMask, keep);
-            __syncthreads();  // the previous chunk's list and counts are no longer read
-            if (lane == 0) s_warp_n[warp] = __popc(ballot);
-            __syncthreads();
-            int at = __popc(ballot & ((1u << lane) - 1u)), total = 0;
-            for (int w = 0; w < W; ++w) {
-                if (w < warp) at += s_warp_n[w];
-                total += s_warp_n[w];
-            }
-            if (keep) s_col[at] = c, s_h[at] = v * a.fp8.scale[c].y;
-            __syncthreads();
-            if (k0 >= a.dp) continue;
-            int k = warp;
-            for (; k + (kUnroll - 1) * W < total; k += kUnroll * W) {
-                uint4 w[kUnroll];
-#pragma unroll
-                for (int u = 0; u < kUnroll; ++u)
-                    w[u] = *reinterpret_cast<const uint4 *>(down + s_col[k + u * W] * a.fp8.stride);
-#pragma unroll
-                for (int u = 0; u < kUnroll; ++u) {
-                    float q[16];
-                    fp8x16_to_float(w[u], q);
-#pragma unroll
-                    for (int e = 0; e < 16; ++e) acc[e] = fmaf(s_h[k + u * W], q[e], acc[e]);
-                }
-            }
-            for (; k < total; k += W) {
-                float q[16];
-                fp8x16_to_float(*reinterpret_cast<const uint4 *>(down + s_col[k] * a.fp8.stride), q);
-#pragma unroll
-                for (int e = 0; e < 16; ++e) acc[e] = fmaf(s_h[k], q[e], acc[e]);
-            }
-        }
-#pragma unroll
-        for (int e = 0; e < 16; ++e) s_part[warp][lane * 16 + e] = acc[e];
-        __syncthreads();
-        if (warp == 0 && k0 < a.dp) {
-            float sum[16];
-#pragma unroll
-            for (int e = 0; e < 16; ++e) {
-                sum[e] = 0.0f;
-                for (int w = 0; w < W; ++w) sum[e] += s_part[w][lane * 16 + e];
-            }
-            store_chunk16(a, row, k0, sum);
-        }
-        __syncthreads();  // s_part is reused by the next row
     }
 }
 

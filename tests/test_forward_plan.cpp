@@ -1,0 +1,313 @@
+// The CUDA forward's plan (src/device/plan), tested on the CPU: a pure function of the problem,
+// the call's arguments, the algorithm attribute, the tuning and the last forward's statistics.
+// Every path is reachable, each crossover sits where the tuning says, a pinned algorithm runs its
+// path or says why it cannot, and the knobs by name round-trip.
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <string>
+
+#include "host/error.hpp"
+#include "plan/forward_plan.hpp"
+
+using namespace twblas;
+using namespace twblas::cuda;
+
+namespace {
+
+/// The paper's FFN (D 2048, H 5632, bf16) on an sm_90a build: every path available.
+PlanInput paper(int64_t m) {
+    PlanInput in;
+    in.m = m, in.d = 2048, in.h = 5632, in.dp = 2048;
+    in.masked_gate_fits = m > 0;
+    return in;
+}
+/// Llama-3-8B's FFN (D 4096, H 14336): a gate past serve_gate_large_weights.
+PlanInput llama(int64_t m) {
+    PlanInput in = paper(m);
+    in.d = in.dp = 4096, in.h = 14336;
+    return in;
+}
+
+FfnPath path_of(const PlanInput &in, const PlanFeedback &fb = {}, const FfnTuning &t = {}) {
+    return plan_forward(in, fb, t).path;
+}
+
+twStatus_t refusal(const PlanInput &in, const PlanFeedback &fb = {}) {
+    try {
+        (void)plan_forward(in, fb, FfnTuning{});
+    } catch (const Error &e) {
+        return e.status();
+    }
+    return TW_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+TEST_CASE("plan: the default paths by token count at the paper's shape", "[plan]") {
+    for (int64_t m : {1, 2, 8, 16, 17, 64, 128, 129, 256}) {
+        INFO("M = " << m);
+        const ForwardPlan p = plan_forward(paper(m), {}, {});
+        CHECK(p.path == FfnPath::Serve);
+        CHECK(p.serve.own_gate == (m <= 16));
+        CHECK(p.serve.stats_kernel == (m > 1));
+        CHECK(p.serve.token_warps == (m >= 129 ? 8 : 16));
+    }
+    for (int64_t m : {257, 512, 4096, 4097, 16384}) {
+        INFO("M = " << m);
+        const ForwardPlan p = plan_forward(paper(m), {}, {});
+        CHECK(p.path == FfnPath::TwoPass);
+        CHECK(p.masked_gate);
+        CHECK(p.lists_in_fwd_u == (m <= 4096));
+        CHECK(p.cublas_rows == 0);  // no rows on the dense path seen yet
+    }
+    // the masked gate GEMM's tile: 192 wide where 256-wide tiles leave SMs idle in their one wave
+    CHECK(plan_forward(paper(512), {}, {}).masked_gate_tile_n == 192);
+    CHECK(plan_forward(paper(16384), {}, {}).masked_gate_tile_n == 256);
+    // no tokens: a plan, nothing runs
+    CHECK_NOTHROW(plan_forward(paper(0), {}, {}));
+}
+
+TEST_CASE("plan: large gates end the serving path and serve_gate earlier", "[plan]") {
+    CHECK(plan_forward(llama(8), {}, {}).serve.own_gate);
+    CHECK_FALSE(plan_forward(llama(9), {}, {}).serve.own_gate);
+    CHECK(path_of(llama(128)) == FfnPath::Serve);
+    const ForwardPlan p = plan_forward(llama(129), {}, {});
+    CHECK(p.path == FfnPath::TwoPass);
+    CHECK(p.masked_gate);  // right after the serving path ends
+}
+
+TEST_CASE("plan: arguments the serving path cannot take", "[plan]") {
+    // X rows off 16 bytes: decode up to 4 tokens, then the fused kernel, then two passes
+    for (int64_t m : {1, 4, 5, 128, 129}) {
+        PlanInput in = paper(m);
+        in.x_rows_16b = false;
+        in.masked_gate_fits = false;
+        INFO("M = " << m);
+        CHECK(path_of(in) == (m <= 4 ? FfnPath::Decode : m < 129 ? FfnPath::Fused : FfnPath::TwoPass));
+    }
+    // fp32 and HIGHEST_PRECISION: no tensor-core gate of ours, no cuBLAS dense parts
+    for (bool f32 : {true, false}) {
+        PlanInput in = paper(1);
+        if (f32)
+            in.type = TW_R_32F;
+        else
+            in.highest = true;
+        CHECK(path_of(in) == FfnPath::Fused);
+        in.m = 16384;
+        const ForwardPlan p = plan_forward(in, {true, 900.0, 0.5}, {});
+        CHECK(p.path == FfnPath::TwoPass);
+        CHECK_FALSE(p.masked_gate);
+        CHECK(p.cublas_rows == 0);
+    }
+    // D past the decode kernel's registers
+    PlanInput wide = paper(2);
+    wide.x_rows_16b = false;
+    wide.d = wide.dp = 8192;
+    CHECK(path_of(wide) == FfnPath::Fused);
+}
+
+TEST_CASE("plan: dense mode from the statistics", "[plan]") {
+    const PlanFeedback dense{true, 600.0, 0.0};
+    // few tokens still gather while tokens x units <= 0.34 H (1914.9 at H = 5632)
+    CHECK(path_of(paper(1), dense) == FfnPath::Serve);
+    CHECK(path_of(paper(3), dense) == FfnPath::Serve);
+    CHECK(path_of(paper(4), dense) == FfnPath::DenseMode);
+    CHECK(path_of(paper(16384), dense) == FfnPath::DenseMode);
+    CHECK(plan_forward(paper(512), dense, {}).dense_stats_fold);
+    CHECK_FALSE(plan_forward(paper(513), dense, {}).dense_stats_fold);
+    // rows on the dense path: dense mode up to 512 tokens, the sparse path with cuBLAS rows past it
+    const PlanFeedback heavy{false, 29.0, 0.01};
+    CHECK(path_of(paper(300), heavy) == FfnPath::DenseMode);
+    CHECK(path_of(paper(512), heavy) == FfnPath::DenseMode);
+    const ForwardPlan p = plan_forward(paper(513), heavy, {});
+    CHECK(p.path == FfnPath::TwoPass);
+    CHECK(p.cublas_rows == 128);  // 1.25 x 5.13 + 64, rounded up to 64
+    CHECK(dense_path_cublas_rows(0.5, 100) == 100);  // never past the tokens
+    // deterministic mode never switches (its bits would depend on history)
+    PlanInput det = paper(16384);
+    det.deterministic = true;
+    const ForwardPlan d = plan_forward(det, dense, {});
+    CHECK(d.path == FfnPath::TwoPass);
+    CHECK(d.cublas_rows == 0);
+    // Y that dense mode's GEMM cannot write
+    PlanInput y_col = paper(16384);
+    y_col.y_row_major_ld8 = false;
+    CHECK(path_of(y_col, dense) == FfnPath::TwoPass);
+}
+
+TEST_CASE("plan: FP8 weights and training", "[plan]") {
+    PlanInput fp8 = paper(64);
+    fp8.fp8 = true;
+    CHECK(path_of(fp8) == FfnPath::Serve);
+    FfnTuning no_serve_fp8;
+    no_serve_fp8.serve_fp8 = false;
+    CHECK(path_of(fp8, {}, no_serve_fp8) == FfnPath::TwoPass);
+    fp8.m = 16384;
+    // FP8 takes DEFAULT's decisions: dense mode and the dense path's cuBLAS rows (16-bit weights)
+    CHECK(path_of(fp8, {true, 900.0, 0.3}) == FfnPath::DenseMode);
+    const ForwardPlan p = plan_forward(fp8, {false, 29.0, 0.01}, {});
+    CHECK(p.path == FfnPath::TwoPass);
+    CHECK(p.cublas_rows == 320);  // 1.25 x 163.84 + 64, rounded up to 64
+    CHECK(p.lists_in_fwd_u == false);  // past 4096 tokens
+    fp8.m = 512;
+    CHECK(plan_forward(fp8, {}, {}).lists_in_fwd_u);
+    CHECK(path_of(fp8, {false, 29.0, 0.01}) == FfnPath::DenseMode);
+
+    PlanInput train = paper(8);
+    train.training = true;
+    CHECK(path_of(train) == FfnPath::TwoPass);
+    CHECK(path_of(train, {true, 900.0, 0.0}) == FfnPath::DenseMode);
+    train.m = 16384;
+    CHECK(plan_forward(train, {}, {}).masked_gate);
+}
+
+TEST_CASE("plan: a pinned algorithm runs its path or says why not", "[plan]") {
+    const struct {
+        twFfnAlgorithm_t alg;
+        FfnPath path;
+    } pins[] = {{TW_FFN_ALG_SERVE, FfnPath::Serve},         {TW_FFN_ALG_DECODE, FfnPath::Decode},
+                {TW_FFN_ALG_DENSE, FfnPath::DenseMode},     {TW_FFN_ALG_FUSED, FfnPath::Fused},
+                {TW_FFN_ALG_TWO_PASS, FfnPath::TwoPass},    {TW_FFN_ALG_MASKED_TWO_PASS, FfnPath::TwoPass}};
+    for (const auto &pin : pins) {
+        PlanInput in = paper(3);
+        in.algorithm = pin.alg;
+        INFO("algorithm " << pin.alg);
+        const ForwardPlan p = plan_forward(in, {}, {});
+        CHECK(p.path == pin.path);
+        CHECK(p.masked_gate == (pin.alg == TW_FFN_ALG_MASKED_TWO_PASS));
+        // the serving path pinned past its default reach, and the others at a prefill's size
+        if (pin.alg != TW_FFN_ALG_DECODE) {
+            in.m = 1000;
+            CHECK(plan_forward(in, {}, {}).path == pin.path);
+        }
+    }
+    // pinned away from dense mode, a dense forward still runs the pinned path
+    PlanInput two = paper(16384);
+    two.algorithm = TW_FFN_ALG_TWO_PASS;
+    CHECK(path_of(two, {true, 900.0, 0.0}) == FfnPath::TwoPass);
+    CHECK_FALSE(plan_forward(two, {}, {}).masked_gate);
+
+    auto refused = [](PlanInput in, twFfnAlgorithm_t alg) {
+        in.algorithm = alg;
+        return refusal(in);
+    };
+    PlanInput five = paper(5);
+    CHECK(refused(five, TW_FFN_ALG_DECODE) == TW_STATUS_NOT_SUPPORTED);
+    PlanInput train = paper(8);
+    train.training = true;
+    CHECK(refused(train, TW_FFN_ALG_SERVE) == TW_STATUS_NOT_SUPPORTED);
+    CHECK(refused(train, TW_FFN_ALG_DECODE) == TW_STATUS_NOT_SUPPORTED);
+    CHECK(refused(train, TW_FFN_ALG_FUSED) == TW_STATUS_NOT_SUPPORTED);
+    CHECK(refused(train, TW_FFN_ALG_DENSE) == TW_STATUS_SUCCESS);
+    CHECK(refused(train, TW_FFN_ALG_MASKED_TWO_PASS) == TW_STATUS_SUCCESS);
+    PlanInput det = paper(8);
+    det.deterministic = true;
+    CHECK(refused(det, TW_FFN_ALG_DENSE) == TW_STATUS_NOT_SUPPORTED);
+    PlanInput f32 = paper(8);
+    f32.type = TW_R_32F;
+    for (twFfnAlgorithm_t a : {TW_FFN_ALG_SERVE, TW_FFN_ALG_DECODE, TW_FFN_ALG_DENSE, TW_FFN_ALG_MASKED_TWO_PASS})
+        CHECK(refused(f32, a) == TW_STATUS_NOT_SUPPORTED);
+    CHECK(refused(f32, TW_FFN_ALG_FUSED) == TW_STATUS_SUCCESS);
+    PlanInput fp8 = paper(2);
+    fp8.fp8 = true;
+    CHECK(refused(fp8, TW_FFN_ALG_DECODE) == TW_STATUS_NOT_SUPPORTED);
+    CHECK(refused(fp8, TW_FFN_ALG_FUSED) == TW_STATUS_NOT_SUPPORTED);
+    CHECK(refused(fp8, TW_FFN_ALG_SERVE) == TW_STATUS_SUCCESS);
+    CHECK(refused(fp8, TW_FFN_ALG_DENSE) == TW_STATUS_SUCCESS);
+    PlanInput no_sm90a = paper(512);
+    no_sm90a.masked_gate_fits = false;
+    CHECK(refused(no_sm90a, TW_FFN_ALG_MASKED_TWO_PASS) == TW_STATUS_NOT_SUPPORTED);
+    CHECK_FALSE(plan_forward(no_sm90a, {}, {}).masked_gate);  // DEFAULT goes without it
+    PlanInput odd = paper(8);
+    odd.x_rows_16b = false;
+    CHECK(refused(odd, TW_FFN_ALG_SERVE) == TW_STATUS_NOT_SUPPORTED);
+    // no tokens: nothing runs, whatever is pinned
+    CHECK(refused(paper(0), TW_FFN_ALG_DECODE) == TW_STATUS_SUCCESS);
+}
+
+TEST_CASE("plan: the tuning moves each crossover", "[plan]") {
+    FfnTuning t;
+    t.serve_max_tokens = 0;
+    t.two_pass_min_tokens = 64;
+    t.masked_gate_min_tokens = 100000;
+    CHECK(path_of(paper(63), {}, t) == FfnPath::Fused);
+    CHECK(path_of(paper(64), {}, t) == FfnPath::TwoPass);
+    CHECK_FALSE(plan_forward(paper(64), {}, t).masked_gate);
+    t.masked_gate_min_tokens = 64;
+    CHECK(plan_forward(paper(64), {}, t).masked_gate);
+    t.fwd_u_lists_max_tokens = 63;
+    CHECK_FALSE(plan_forward(paper(64), {}, t).lists_in_fwd_u);
+
+    FfnTuning s;
+    s.serve_gate_max_tokens = 8;
+    s.serve_token_narrow_min_tokens = 32;
+    s.serve_stats_kernel = false;
+    s.serve_gate_fetch_256 = false;
+    const ForwardPlan p = plan_forward(paper(32), {}, s);
+    CHECK_FALSE(p.serve.own_gate);
+    CHECK_FALSE(p.serve.stats_kernel);
+    CHECK(p.serve.token_warps == 8);
+    CHECK_FALSE(p.serve.fetch_256);
+    s.serve_gate_max_tokens = 64;  // past serve_gate's capacity: held at 16
+    CHECK_FALSE(plan_forward(paper(17), {}, s).serve.own_gate);
+
+    FfnTuning g;
+    g.dense_mode_gather_share = 1.0;
+    CHECK(path_of(paper(9), {true, 600.0, 0.0}, g) == FfnPath::Serve);
+    g.dense_rows_dense_mode_max_tokens = 256;
+    CHECK(path_of(paper(300), {false, 29.0, 0.01}, g) == FfnPath::TwoPass);
+
+    // serve_token's splits: about 128 blocks of 16 warps, at most 4 a token, one with a hidden
+    // output; at least one 16-byte chunk a thread
+    const FfnTuning d;
+    CHECK(serve_token_splits(d, 32, 2048, false, 16) == 4);
+    CHECK(serve_token_splits(d, 64, 2048, false, 16) == 2);
+    CHECK(serve_token_splits(d, 256, 2048, false, 8) == 1);
+    CHECK(serve_token_splits(d, 1, 2048, true, 16) == 1);
+    CHECK(serve_token_splits(d, 256, 8192, false, 8) == 4);
+}
+
+TEST_CASE("plan: capacities the workspace layout depends on", "[plan]") {
+    CHECK(fused_splits(1) == 32);
+    CHECK(fused_splits(64) == 8);
+    CHECK(fused_splits(128) == 4);
+    CHECK(fused_splits(129) == 1);
+    CHECK(fused_splits(0) == 1);
+    CHECK(decode_fits(4, 4096, false));
+    CHECK_FALSE(decode_fits(5, 2048, false));
+    CHECK_FALSE(decode_fits(1, 4104, false));
+    CHECK_FALSE(decode_fits(1, 2048, true));
+    CHECK(dense_path_row_limit(5632) == 176);
+    CHECK(dense_path_row_limit(1000) == 64);
+    CHECK(max_model_dim(TW_R_16BF) == 8192);
+    CHECK(max_model_dim(TW_R_32F) == 4096);
+}
+
+TEST_CASE("plan: tuning knobs by name", "[plan]") {
+    FfnTuning t;
+    std::set<std::string> names;
+    for (const char *const *n = tuning_knob_names(); *n; ++n) {
+        INFO(*n);
+        CHECK(names.insert(*n).second);
+        double v = -1.0;
+        REQUIRE(get_tuning_knob(t, *n, &v));
+        CHECK(set_tuning_knob(t, *n, v));  // every default is in its own range
+    }
+    CHECK(names.size() == 20);
+    CHECK(set_tuning_knob(t, "two_pass_min_tokens", 300));
+    CHECK(t.two_pass_min_tokens == 300);
+    CHECK_FALSE(set_tuning_knob(t, "two_pass_min_tokens", 2.5));
+    CHECK_FALSE(set_tuning_knob(t, "two_pass_min_tokens", -1));
+    CHECK_FALSE(set_tuning_knob(t, "serve_fp8", 2));
+    CHECK(set_tuning_knob(t, "serve_fp8", 0));
+    CHECK_FALSE(t.serve_fp8);
+    CHECK_FALSE(set_tuning_knob(t, "dense_mode_gather_share", 1.5));
+    CHECK(set_tuning_knob(t, "dense_mode_gather_share", 0.5));
+    CHECK(t.dense_mode_gather_share == 0.5);
+    CHECK_FALSE(set_tuning_knob(t, "no_such_knob", 1));
+    CHECK_FALSE(set_tuning_knob(t, nullptr, 1));
+    double v = 0;
+    CHECK_FALSE(get_tuning_knob(t, "no_such_knob", &v));
+    CHECK(t.two_pass_min_tokens == 300);  // failed sets changed nothing
+}
