@@ -3,6 +3,12 @@
 //   twblas        twSpGEMMFused (CUDA backend), replayed from a CUDA graph
 //   dense         the dense cuBLAS FFN (src/testing/cuda/dense_ffn): cuBLASLt gate+up GEMM (one GEMM
 //                 over [Wg; Wu]), ReLU*product kernel, down GEMM; replayed from a CUDA graph
+//   dense_fused   the dense FFN as tuned inference engines run it (src/testing/cuda/dense_fused_ffn):
+//                 gate+up as one CUTLASS sm_90a GEMM over interleaved weights with ReLU(z)*u in its
+//                 epilogue (only h is written), then the cuBLASLt down GEMM; replayed from a CUDA
+//                 graph, verified against dense (counter rel_err_vs_dense); skipped, with the
+//                 reason, on GPUs other than sm_90 (TWBLAS_BENCH_DENSE_FUSED_TILE=wide|narrow
+//                 forces its tile)
 //   twblas_eager  twSpGEMMFused called as a C program calls it: no graph, one handle on its own
 //                 non-blocking stream; counter host_us (host time per call)
 //   dense_eager   the dense cuBLAS FFN called the same way; counter host_us
@@ -10,9 +16,10 @@
 //   cusparse      gate+up GEMM, ReLU*product, cusparseDenseToSparse (CSR), cusparseSpMM; cuSPARSE
 //                 SDDMM has no bf16, so the up projection is dense (phases reported as counters)
 //   cpu           the reference backend and a dense Eigen fp32 FFN (small M)
-// Inputs come from the project's one generator (src/testing), are verified (twblas against the
-// dense cuBLAS FFN) before timing, and rotate over three copies of X and of the weights so that
-// repeated runs do not sit in L2. Timing: CUDA events, warm-up, 5 repetitions (median reported).
+// Inputs come from the project's one generator (src/testing), are verified (twblas and
+// dense_fused against the dense cuBLAS FFN) before timing, and rotate over three copies of X and
+// of the weights so that repeated runs do not sit in L2. Timing: CUDA events, warm-up, 5
+// repetitions (3 in suite sweep; the median reported).
 // Eager variants: warm-up (for twblas several calls per instance and twFfnGetStats, so that the
 // path settles, then more calls), then per iteration N back-to-back calls: host_us is the host
 // time of the N enqueues (before any synchronisation) / N, the time is the stream time (CUDA
@@ -28,7 +35,8 @@
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
 //   twblas-bench [--suite=full|profiles|decode|train|train-eager|eager|serving|serving-paper|
-//                         serving-llama|crossover|crossover-serve|dense-crossover|heavy-rows|conversions|fp8|smoke]
+//                         serving-llama|crossover|crossover-serve|dense-crossover|heavy-rows|conversions|fp8|
+//                         sweep|smoke]
 //                [Google Benchmark flags]
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
@@ -50,7 +58,12 @@
 // uniform-6, 8192 and 16384 tokens), graph-replayed and eager (train_twblas_eager,
 // train_dense_eager: GPU time and host_us per step). Suite fp8: twblas_fp8 (TW_COMPUTE_FP8_WEIGHTS) next to twblas,
 // dense and the gate GEMM at the paper's shape, M = 1 to 65536, and heavy-29 / llm-29 at 16384; groups from M = 64
-// carry it too.
+// carry it too. Suite sweep: where sparse stops paying, at the paper's shape: uniform-29, -100, -300,
+// -911 and -2816 (half the units) at 512 and 16384 tokens, each with twblas, twblas_fp8, dense,
+// dense_fused and gate, and the training step (train_twblas, train_dense); 3 repetitions, so
+// that the suite fits one device call (161 s on an H200). Every inference group (the groups of
+// full, profiles, fp8, heavy-rows, crossover-serve, sweep, smoke) carries dense_fused beside
+// dense.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -101,6 +114,14 @@ void register_suite(const std::string &suite) {
     if (suite == "fp8") {  // TW_COMPUTE_FP8_WEIGHTS next to DEFAULT, dense and the gate GEMM
         register_group(paper, "uniform-29", {1, 8, 64, 512, 4096, 16384, 65536}, false, false, 1);
         for (const char *prof : {"heavy-29", "llm-29"}) register_group(paper, prof, {16384}, false, false);
+        return;
+    }
+    if (suite == "sweep") {  // the sparse/dense crossover: every variant from 29 to 2816 active units a token
+        twbench::set_repetitions(3);
+        for (const char *prof : {"uniform-29", "uniform-100", "uniform-300", "uniform-911", "uniform-2816"}) {
+            register_group(paper, prof, {512, 16384}, false, false);
+            register_train(paper, prof, {512, 16384}, false);  // the same problem (max_m 16384): generated once
+        }
         return;
     }
     if (suite == "heavy-rows") {  // batches with rows on the dense path: each M its own problem (llm-29: the

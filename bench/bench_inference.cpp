@@ -5,6 +5,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "common.hpp"
@@ -175,6 +176,44 @@ void bm_dense(benchmark::State &state, Shape s, std::string profile, int64_t max
     add_problem_counters(state, *p, m);
 }
 
+/// dense_fused's tile, forced by TWBLAS_BENCH_DENSE_FUSED_TILE=wide|narrow (to place
+/// DenseFusedFfn::kWideMinTokens); by M otherwise.
+tt::FusedTile fused_tile() {
+    const char *v = std::getenv("TWBLAS_BENCH_DENSE_FUSED_TILE");
+    if (v && std::strcmp(v, "wide") == 0) return tt::FusedTile::Wide;
+    if (v && std::strcmp(v, "narrow") == 0) return tt::FusedTile::Narrow;
+    return tt::FusedTile::Auto;
+}
+
+/// The dense FFN as tuned engines run it (src/testing/cuda/dense_fused_ffn.hpp): gate+up as one
+/// CUTLASS sm_90a GEMM with ReLU * product in its epilogue, then the cuBLASLt down GEMM. Checked
+/// against the dense cuBLAS FFN first (within 1e-2: the two round z and u differently, bf16's
+/// half-ulp is 2e-3), with h and Y poisoned so that an unwritten value fails the check. Skipped,
+/// with the reason, where the GPU or the shape does not take the sm_90a kernel.
+void bm_dense_fused(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
+    const std::string why = tt::dense_fused_unsupported(s.d, s.h);
+    if (!why.empty()) {
+        state.SkipWithError(("skipped: dense_fused " + why).c_str());
+        return;
+    }
+    auto p = problem(s, profile, max_m);
+    tt::DenseFusedFfn fused({s.d, s.h, m}, fused_tile());
+    DeviceMemory y(bf16_bytes(m * s.d));
+    ck(cudaMemsetAsync(fused.hidden(), 0xff, bf16_bytes(m * s.h), env.stream), "poison h");
+    ck(cudaMemsetAsync(y.get(), 0xff, bf16_bytes(m * s.d), env.stream), "poison Y");
+    fused.forward(env.stream, p->x[0]->get(), p->fused_weights(0), m, y.get());
+    const double err = rel_error(download(y.get(), static_cast<size_t>(m * s.d)), dense_reference(*p, m));
+    add_problem_counters(state, *p, m);
+    state.counters["rel_err_vs_dense"] = err;
+    state.counters["wide_tiles"] = fused.wide_tiles(m) ? 1.0 : 0.0;
+    if (!(err < 1e-2)) {
+        state.SkipWithError(("dense_fused differs from the dense FFN: rel. error " + std::to_string(err)).c_str());
+        return;
+    }
+    auto execs = capture([&](int i) { fused.forward(env.stream, p->x[i]->get(), p->fused_weights(i), m, y.get()); });
+    time_graphs(state, batch_for(m), execs);
+}
+
 /// The dense cuBLAS FFN called the same way as twblas_eager.
 void bm_dense_eager(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
     auto p = problem(s, profile, max_m);
@@ -336,6 +375,7 @@ void register_group(Shape s, const std::string &profile, const std::vector<int64
         add(bench_name("twblas", s, profile, m), bm_twblas, s, profile, max_m, m);
         if (m >= fp8_from) add(bench_name("twblas_fp8", s, profile, m), bm_twblas_fp8, s, profile, max_m, m);
         add(bench_name("dense", s, profile, m), bm_dense, s, profile, max_m, m);
+        add(bench_name("dense_fused", s, profile, m), bm_dense_fused, s, profile, max_m, m);
         add(bench_name("gate", s, profile, m), bm_gate, s, profile, max_m, m);
         if (cusparse && m >= 512) add(bench_name("cusparse", s, profile, m), bm_cusparse, s, profile, max_m, m);
         if (cpu && m <= 64) {

@@ -83,6 +83,17 @@ std::shared_ptr<Problem> problem(Shape s, const std::string &profile, int64_t ma
     return p;
 }
 
+tt::DenseFusedWeights Problem::fused_weights(int inst) {
+    if (wgu_interleaved.empty()) {
+        for (int i = 0; i < kInstances; ++i) {
+            wgu_interleaved.push_back(std::make_unique<DeviceMemory>(wgu[i]->bytes()));
+            tt::interleave_gate_up(env.stream, wgu[i]->get(), shape.h, shape.d, wgu_interleaved.back()->get());
+        }
+        ck(cudaStreamSynchronize(env.stream), "interleave_gate_up");
+    }
+    return {wgu_interleaved[inst]->get(), wd_lin[inst]->get()};
+}
+
 void release_problems() {
     current.reset();
     current_key.clear();
@@ -132,9 +143,19 @@ std::string bench_name(const char *variant, Shape s, const std::string &profile,
            "/m" + std::to_string(m);
 }
 
+namespace {
+int repetitions_now = 5;
+}  // namespace
+
+void set_repetitions(int repetitions) { repetitions_now = repetitions; }
+
 void add(const std::string &name, BenchFn fn, Shape s, const std::string &profile, int64_t max_m, int64_t m) {
     auto *b = benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State &st) { fn(st, s, profile, max_m, m); });
-    b->UseManualTime()->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true)->MinTime(0.05);
+    b->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->Repetitions(repetitions_now)
+        ->ReportAggregatesOnly(true)
+        ->MinTime(0.05);
 }
 
 }  // namespace twbench

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "testing/cuda/dense_ffn.hpp"
+#include "testing/cuda/dense_fused_ffn.hpp"
 #include "testing/cuda/device_memory.hpp"
 #include "testing/problem.hpp"
 
@@ -46,6 +47,7 @@ struct Problem {
     std::vector<std::unique_ptr<DeviceMemory>> wd_ffn;  // Wd as H x D rows: the layout the FFN reads in place
     std::unique_ptr<DeviceMemory> wd_rows;                      // Wd as H x D rows (cuSPARSE's B, dH = dY Wd^T)
     std::unique_ptr<DeviceMemory> train_dy;                     // dL/dY (max_m x D) of the training benchmarks
+    std::vector<std::unique_ptr<DeviceMemory>> wgu_interleaved;  // [Wg; Wu] as dense_fused reads it (made on first use)
     twHandle_t handle = nullptr;                                // CUDA backend, on env.stream
     std::vector<twFfnDescr_t> ffn;
     std::map<int64_t, std::vector<uint16_t>> dense_y;  // dense cuBLAS output per M (verification)
@@ -53,6 +55,8 @@ struct Problem {
 
     /// Instance `inst`'s weights as the dense baseline takes them.
     tt::DenseFfnWeights weights(int inst) const { return {wgu[inst]->get(), wd_lin[inst]->get(), wd_rows->get()}; }
+    /// Instance `inst`'s weights as the dense_fused baseline takes them (interleaved on first use).
+    tt::DenseFusedWeights fused_weights(int inst);
     ~Problem();
 };
 
@@ -147,12 +151,15 @@ void time_graphs(benchmark::State &state, int batch, std::vector<cudaGraphExec_t
 
 using BenchFn = void (*)(benchmark::State &, Shape, std::string, int64_t, int64_t);
 std::string bench_name(const char *variant, Shape s, const std::string &profile, int64_t m);
-/// A GPU benchmark: manual time in microseconds, median of 5 repetitions.
+/// A GPU benchmark: manual time in microseconds, median of `repetitions` (set_repetitions, 5 by default).
 void add(const std::string &name, BenchFn fn, Shape s, const std::string &profile, int64_t max_m, int64_t m);
+/// The repetitions of the benchmarks add() registers from now on (a long suite takes fewer).
+void set_repetitions(int repetitions);
 
 // bench_inference.cpp
 /// Every inference variant of one (shape, profile) over a list of M, all from one generated problem
-/// (twblas_fp8 from `fp8_from` tokens on).
+/// (twblas_fp8 from `fp8_from` tokens on): twblas, twblas_fp8, dense, dense_fused, gate, then
+/// cusparse and cpu where asked.
 void register_group(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool cusparse, bool cpu,
                     int64_t fp8_from = 64);
 /// twblas_eager and dense_eager at each M (after the graph-replayed twblas and dense when
