@@ -422,6 +422,26 @@ def fp8_tables(run, first):
                    "FP8 / gate", "FP8 rel. err"], body)]
 
 
+def sweep_section(results):
+    run = load(results, "h200-sweep.json")
+    if not run:
+        return []
+    body = []
+    for k in sorted(run.rows, key=lambda k: (k[3], int(k[2].split("-")[1]))):
+        g = {v: run.get(k, v) for v in ("twblas", "twblas_fp8", "dense", "dense_fused", "train_twblas", "train_dense")}
+        body.append([k[2].split("-")[1], str(k[3]), ms(g["twblas"]), ms(g["twblas_fp8"]), ms(g["dense"]),
+                     ms(g["dense_fused"]), rx(ratio(g["dense"], g["twblas"])), rx(ratio(g["dense_fused"], g["twblas"])),
+                     rx(ratio(g["dense"], g["twblas_fp8"])), ms(g["train_twblas"]), ms(g["train_dense"]),
+                     rx(ratio(g["train_dense"], g["train_twblas"]))])
+    return ["## 6. Sparsity sweep: where sparse stops paying", "",
+            f"From {run.source()}; {SHAPE_NAME[PAPER]}, uniform profiles of k active units a token, default "
+            "attributes. Two dense baselines: " + DENSE_FFN + "; and the fused dense FFN (gate and up as one "
+            "CUTLASS GEMM of N = 2H whose epilogue forms ReLU(z) u, then the down GEMM), as well-tuned inference "
+            "engines run it. Training: forward + backward against the dense step.", "",
+            table(["k", "M", "DEFAULT", "FP8", "dense", "fused dense", "vs dense", "vs fused dense", "FP8 vs dense",
+                   "training", "dense step", "training vs dense"], body)]
+
+
 # ---- plots
 
 def plots(results, docs):
@@ -506,7 +526,7 @@ def plots(results, docs):
 RENDERED = {"h100-serving.json", "h100-serving-llama.json", "h100-serving-llm29.json", "h200-serving.json",
             "h200-serving-llama.json", "h200-serving-llm29.json", "h100-full.json", "h100-train.json",
             "h100-train-eager.json", "h100-conversions.json", "h100-conversions-gemm-to-sparse.json",
-            "h200-conversions-to-dense.json", "h100-fp8.json", "h200-fp8.json", "h200-train.json",
+            "h200-conversions-to-dense.json", "h100-fp8.json", "h200-fp8.json", "h200-train.json", "h200-sweep.json",
             "h200-model.json"}
 
 
@@ -529,11 +549,11 @@ def main():
             "Why the numbers are what they are, and what was tried and rejected: "
             "[performance-notes.md](performance-notes.md).", "",
             "Sections: 0. the whole model; 1. serving and decode (1-512 tokens); 2. prefill-size FFN (4096 tokens and more, "
-            "sparsity profiles, cuSPARSE); 3. training; 4. conversions; 5. FP8 weights."]
+            "sparsity profiles, cuSPARSE); 3. training; 4. conversions; 5. FP8 weights; 6. sparsity sweep."]
     lines = model_section(a.results, None if a.no_plots else a.docs)
     if lines:
         text += [""] + lines
-    for section in (serving_section, batch_section, train_section, conv_section, fp8_section):
+    for section in (serving_section, batch_section, train_section, conv_section, fp8_section, sweep_section):
         lines = section(a.results)
         if lines:
             text += [""] + lines

@@ -243,12 +243,10 @@ TEST_CASE("plan: the tuning moves each crossover", "[plan]") {
     s.serve_gate_max_tokens = 8;
     s.serve_token_narrow_min_tokens = 32;
     s.serve_stats_kernel = false;
-    s.serve_gate_fetch_256 = false;
     const ForwardPlan p = plan_forward(paper(32), {}, s);
     CHECK_FALSE(p.serve.own_gate);
     CHECK_FALSE(p.serve.stats_kernel);
     CHECK(p.serve.token_warps == 8);
-    CHECK_FALSE(p.serve.fetch_256);
     s.serve_gate_max_tokens = 64;  // past serve_gate's capacity: held at 16
     CHECK_FALSE(plan_forward(paper(17), {}, s).serve.own_gate);
 
@@ -294,7 +292,7 @@ TEST_CASE("plan: tuning knobs by name", "[plan]") {
         REQUIRE(get_tuning_knob(t, *n, &v));
         CHECK(set_tuning_knob(t, *n, v));  // every default is in its own range
     }
-    CHECK(names.size() == 20);
+    CHECK(names.size() == 18);
     CHECK(set_tuning_knob(t, "two_pass_min_tokens", 300));
     CHECK(t.two_pass_min_tokens == 300);
     CHECK_FALSE(set_tuning_knob(t, "two_pass_min_tokens", 2.5));

@@ -60,9 +60,14 @@ template <class T> struct ServeArgs {
     float *row_l1;
     FfnStatsBlock *stats;
     FfnFeedback *publish;
-    bool fetch_256;      // serve_gate's weight loads with an L2 256-byte fetch hint
-    bool prefetch_down;  // prefetch to L2 the Wd rows read next
 };
+
+// Fixed choices of the kernels' code (docs/performance-notes.md has their measurements; as
+// run-time switches inside serve_gate's load loop they cost 0.5 us a call at 1 to 64 tokens):
+// serve_gate's weight loads carry an L2 256-byte fetch hint, and the serving kernels prefetch to
+// L2 the Wd rows they read next.
+constexpr bool kServeGateFetch256 = true;
+constexpr bool kServePrefetchDown = true;
 
 template <class T> struct MmaOf;
 template <> struct MmaOf<__nv_bfloat16> {
@@ -223,7 +228,7 @@ template <int R> struct TileDots {
 /// memory idle while the warp waited). Ends with sh.z complete for the block.
 template <class T, int R, int U>
 __device__ inline void serve_tile_dots(const T *wrow, bool wok, const T *const (&xrow)[R], const bool (&xok)[R], int64_t d,
-                                       int64_t dp, bool fetch_256, TileDots<R> &sh) {
+                                       int64_t dp, TileDots<R> &sh) {
     constexpr int W = kServeGateWarps, MT = TileDots<R>::MT;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, q = lane & 3;
     float acc[MT][4];
@@ -239,7 +244,7 @@ __device__ inline void serve_tile_dots(const T *wrow, bool wok, const T *const (
         const int64_t k0 = c * 32 + q * 8;
         const bool kok = k0 < dp;  // dp is a multiple of 8: whole 16-byte chunks
         bv[u] = !(kok && wok)                  ? zero
-                : fetch_256             ? load_stream_256(wrow + k0)
+                : kServeGateFetch256    ? load_stream_256(wrow + k0)
                                         : __ldcs(reinterpret_cast<const uint4 *>(wrow + k0));
 #pragma unroll
         for (int r = 0; r < R; ++r) av[u][r] = kok && xok[r] ? serve_x_chunk(xrow[r], k0, d) : zero;
@@ -311,7 +316,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
         xok[r] = token < a.m;
         xrow[r] = a.x + (xok[r] ? token : 0) * a.x_rs;
     }
-    serve_tile_dots<T, R, U>(wrow, wok, xrow, xok, a.d, a.dp, a.fetch_256, sh);
+    serve_tile_dots<T, R, U>(wrow, wok, xrow, xok, a.d, a.dp, sh);
     auto &z = sh.z;
     // epilogue: a warp per token, a lane per unit (lanes 0 to 7)
     const int64_t unit = unit0 + lane;
@@ -338,7 +343,7 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
             const int64_t j = unit0 + b;
             const ServeRows<T, FP8> rows(a);
             // serve_down reads Wd_j next, from other SMs: start bringing it to L2 now
-            if (a.prefetch_down) rows.prefetch_down(j, 0, a.dp, lane);
+            if (kServePrefetchDown) rows.prefetch_down(j, 0, a.dp, lane);
             for (uint32_t toks = unit_tokens[b]; toks; toks &= toks - 1) {
                 const int t = __ffs(toks) - 1;
                 const float dot = rows.up_dot(a, j, a.x + t * a.x_rs, lane);
@@ -614,7 +619,7 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
         for (int i = warp; i < n; i += W) {
             const int64_t j = units[i];
             const uint8_t *row = rows.up_row(j);  // read for a gated FFN only
-            if (a.prefetch_down)
+            if (kServePrefetchDown)
                 rows.prefetch_down(j, static_cast<int64_t>(c0) * E, static_cast<int64_t>(c1) * E, lane);
             float h = hs[i], scale_down = 1.0f;
             if constexpr (FP8) {

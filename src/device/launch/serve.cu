@@ -50,7 +50,6 @@ void launch_serve_t(cudaStream_t stream, const FfnCall &c, bool write_h) {
     a.tile = p.tile, a.slots = p.slots, a.row_limit = s.row_limit;
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
-    a.fetch_256 = sp.fetch_256, a.prefetch_down = sp.prefetch_down;
     // the step's statistics: by serve_stats after the last kernel (no ticket), or by the last
     // counting block behind a ticket; one token publishes them from registers either way
     if (sp.stats_kernel) a.ticket = nullptr;

@@ -20,8 +20,6 @@ struct FfnTuning {
     bool serve_stats_kernel = true;       // past serve_gate: statistics by serve_stats (no ticket)
     bool serve_stats_kernel_few = true;   // 2 tokens to serve_gate's last: the same
     bool serve_fp8 = true;                // FP8 weights take the serving kernels' FP8 instances
-    bool serve_gate_fetch_256 = true;     // serve_gate's weight loads with an L2 256-byte fetch hint
-    bool serve_prefetch_down = true;      // the serving kernels prefetch the Wd rows they read next
 
     // ---- dense mode (projections as cuBLAS GEMMs over every row)
     double dense_mode_units_per_hidden = 1.0 / 128.0;  // after a forward with more units / token than H x this

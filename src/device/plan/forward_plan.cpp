@@ -43,8 +43,7 @@ bool ForwardPlan::operator==(const ForwardPlan &o) const {
            lists_in_fwd_u == o.lists_in_fwd_u && cublas_rows == o.cublas_rows &&
            dense_stats_fold == o.dense_stats_fold && serve.own_gate == o.serve.own_gate &&
            serve.stats_kernel == o.serve.stats_kernel && serve.token_warps == o.serve.token_warps &&
-           serve.token_splits == o.serve.token_splits && serve.fetch_256 == o.serve.fetch_256 &&
-           serve.prefetch_down == o.serve.prefetch_down;
+           serve.token_splits == o.serve.token_splits;
 }
 
 int serve_token_warps(const FfnTuning &t, int64_t tokens, bool writes_h) {
@@ -130,8 +129,6 @@ ServePlan serve_plan(const PlanInput &in, const FfnTuning &t, bool writes_h) {
     s.stats_kernel = in.m > 1 && (s.own_gate ? t.serve_stats_kernel_few : t.serve_stats_kernel);
     s.token_warps = serve_token_warps(t, in.m, writes_h);
     s.token_splits = serve_token_splits(t, in.m, in.dp, writes_h, s.token_warps);
-    s.fetch_256 = t.serve_gate_fetch_256;
-    s.prefetch_down = t.serve_prefetch_down;
     return s;
 }
 
@@ -229,8 +226,6 @@ const Knob kKnobs[] = {
     TW_SWITCH(serve_stats_kernel),
     TW_SWITCH(serve_stats_kernel_few),
     TW_SWITCH(serve_fp8),
-    TW_SWITCH(serve_gate_fetch_256),
-    TW_SWITCH(serve_prefetch_down),
     TW_SHARE(dense_mode_units_per_hidden),
     TW_SHARE(dense_mode_dense_share),
     TW_COUNT(dense_rows_dense_mode_max_tokens),

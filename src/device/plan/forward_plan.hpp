@@ -65,7 +65,6 @@ struct ServePlan {
     bool stats_kernel = false;  // serve_stats publishes (else the last block behind a ticket)
     int token_warps = 16;       // serve_token's warps a block
     int token_splits = 1;       // serve_token's column splits a token
-    bool fetch_256 = true, prefetch_down = true;
 };
 
 struct ForwardPlan {
