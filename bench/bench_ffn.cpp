@@ -34,10 +34,12 @@
 // Files: common.{hpp,cpp} (problem cache, timing, verification, registration helpers),
 // bench_inference.cpp, bench_training.cpp, and this one (suites, main).
 //
-//   twblas-bench [--suite=full|profiles|decode|train|train-eager|eager|serving|serving-paper|
+//   twblas-bench [--tuning=name=value,...] [--algorithm=N] [--suite=full|profiles|decode|train|train-eager|eager|serving|serving-paper|
 //                         serving-llama|crossover|crossover-serve|dense-crossover|heavy-rows|conversions|fp8|
 //                         sweep|smoke]
 //                [Google Benchmark flags]
+// --tuning and --algorithm set every twblas FFN of the run (twFfnSetTuning, TW_FFN_ATTR_ALGORITHM):
+// run twice, with and without, to compare two variants of the library without a rebuild.
 // Suite eager: the eager points (uniform-29, M = 1, 8, 64, 512, both shapes) next to twblas and
 // dense at the same M, for quick runs; full and decode include the eager points too. Suite
 // crossover: M = 128 to 1024 at the paper's shape, to place the two-pass crossover. Suite
@@ -52,7 +54,7 @@
 // hybrid transpose against cuSPARSE's dense <-> CSR on the FFN hidden activation (uniform-29 and
 // llm-29, M = 4096, 16384, 65536), host time per call sequence, with the copy bandwidth first.
 // Suite heavy-rows: llm-29 and heavy-29 at M = 512 to 4096, the batches whose rows on the dense path
-// decide between dense mode and the sparse path (heuristics::kDenseRowsDenseModeMaxTokens), and
+// decide between dense mode and the sparse path (tuning knob dense_rows_dense_mode_max_tokens), and
 // uniform-100 / uniform-911 at 512 (dense mode).
 // Suite train-eager: the training step at the PyTorch example's layer sizes (d_model 512 and 1024,
 // uniform-6, 8192 and 16384 tokens), graph-replayed and eager (train_twblas_eager,
@@ -65,6 +67,7 @@
 // full, profiles, fp8, heavy-rows, crossover-serve, sweep, smoke) carries dense_fused beside
 // dense.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -133,18 +136,18 @@ void register_suite(const std::string &suite) {
         return;
     }
     if (suite == "dense-crossover") {  // dense mode against the gathers after a dense forward
-        // (heuristics::gathers_pay_in_dense_mode): many active units a token, 2 to 48 tokens
+        // (tuning knob dense_mode_gather_share): many active units a token, 2 to 48 tokens
         for (const char *prof : {"llm-29", "uniform-100", "uniform-300"})
             register_eager(paper, prof, {2, 4, 8, 16, 32, 48}, 512, true);
         return;
     }
-    if (suite == "crossover") {  // the two-pass crossover (heuristics::kTwoPassMinTokens), M = 128 to 1024
+    if (suite == "crossover") {  // the two-pass crossover (tuning knob two_pass_min_tokens), M = 128 to 1024
         register_eager(paper, "uniform-29", {128, 192, 256, 384, 512, 768, 1024}, 1024, true);
         return;
     }
-    if (suite == "crossover-serve") {  // where the serving path ends (heuristics::serve_max_tokens), both shapes
+    if (suite == "crossover-serve") {  // where the serving path ends (tuning knob serve_max_tokens), both shapes
         for (const Shape s : {paper, llama}) register_group(s, "uniform-29", {128, 160, 192, 224, 256}, false, false);
-        // Llama-3.2-3B's FFN (3072 x 8192: 25.2 M gate weights, at heuristics::kServeGateLargeWeights)
+        // Llama-3.2-3B's FFN (3072 x 8192: 25.2 M gate weights, at tuning knob serve_gate_large_weights)
         register_group(Shape{3072, 8192}, "uniform-29", {16, 128, 160, 192, 224, 256}, false, false);
         return;
     }
@@ -196,11 +199,30 @@ int main(int argc, char **argv) {
     using twbench::env;
     std::string suite = "full";
     std::vector<char *> args;
+    std::string tuning_text, algorithm_text;
     for (int i = 0; i < argc; ++i) {
-        if (std::strncmp(argv[i], "--suite=", 8) == 0)
+        if (std::strncmp(argv[i], "--suite=", 8) == 0) {
             suite = argv[i] + 8;
-        else
+        } else if (std::strncmp(argv[i], "--tuning=", 9) == 0) {
+            // name=value[,name=value...]: twFfnSetTuning on every twblas FFN of the run
+            tuning_text = argv[i] + 9;
+            std::string rest = tuning_text;
+            while (!rest.empty()) {
+                const size_t comma = rest.find(','), eq = rest.find('=');
+                const std::string item = rest.substr(0, comma);
+                if (eq == std::string::npos || eq > item.size()) {
+                    std::fprintf(stderr, "twblas-bench: --tuning wants name=value[,name=value...], got %s\n", item.c_str());
+                    return 2;
+                }
+                env.tuning.emplace_back(item.substr(0, eq), std::atof(item.c_str() + eq + 1));
+                rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+            }
+        } else if (std::strncmp(argv[i], "--algorithm=", 12) == 0) {
+            algorithm_text = argv[i] + 12;  // TW_FFN_ATTR_ALGORITHM's value, 0 to 6
+            env.algorithm = std::atoi(argv[i] + 12);
+        } else {
             args.push_back(argv[i]);
+        }
     }
     const bool list = listing_only(static_cast<int>(args.size()), args.data());
     int n = static_cast<int>(args.size());
@@ -225,6 +247,8 @@ int main(int argc, char **argv) {
     benchmark::AddCustomContext("cuda_driver", std::to_string(driver));
     benchmark::AddCustomContext("cuda_runtime", std::to_string(runtime));
     benchmark::AddCustomContext("suite", suite);
+    if (!tuning_text.empty()) benchmark::AddCustomContext("tuning", tuning_text);
+    if (!algorithm_text.empty()) benchmark::AddCustomContext("algorithm", algorithm_text);
     ck(cudaStreamCreateWithFlags(&env.stream, cudaStreamNonBlocking), "stream");
     ck(cudaEventCreate(&env.e0), "event");
     ck(cudaEventCreate(&env.e1), "event");

@@ -7,6 +7,12 @@ namespace twbench {
 
 Env env;
 
+void configure_ffn(twFfnDescr_t ffn, twHandle_t h) {
+    if (env.algorithm != TW_FFN_ALG_DEFAULT)
+        ck(twFfnSetAttribute(ffn, TW_FFN_ATTR_ALGORITHM, &env.algorithm, sizeof env.algorithm), h, "--algorithm");
+    for (const auto &[name, value] : env.tuning) ck(twFfnSetTuning(ffn, name.c_str(), value), h, "--tuning");
+}
+
 namespace {
 std::shared_ptr<Problem> current;
 std::string current_key;
@@ -74,6 +80,7 @@ std::shared_ptr<Problem> problem(Shape s, const std::string &profile, int64_t ma
         ck(twCreateDnMat(&wd, s.h, s.d, s.d, p->wd_ffn[i]->get(), TW_R_16BF, TW_ORDER_ROW), nullptr, "Wd");
         twFfnDescr_t f = nullptr;
         ck(twCreateFfn(p->handle, &f, TW_FFN_GATED_RELU, wg, wu, wd), p->handle, "twCreateFfn");
+        configure_ffn(f, p->handle);
         p->ffn.push_back(f);
         for (twDnMatDescr_t d : {wg, wu, wd}) twDestroyDnMat(d);
     }

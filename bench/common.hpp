@@ -60,11 +60,16 @@ struct Problem {
     ~Problem();
 };
 
-/// The benchmark's stream (non-blocking) and timing events, made in main.
+/// The benchmark's stream (non-blocking) and timing events, made in main, and what every twblas
+/// FFN of the run is set to (--tuning, --algorithm): two variants compared without a rebuild.
 struct Env {
     cudaStream_t stream = nullptr;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
+    std::vector<std::pair<std::string, double>> tuning;  // twFfnSetTuning(name, value)
+    int32_t algorithm = TW_FFN_ALG_DEFAULT;               // TW_FFN_ATTR_ALGORITHM
 };
+/// Applies env's tuning and algorithm to a CUDA FFN the benchmark made.
+void configure_ffn(twFfnDescr_t ffn, twHandle_t h);
 extern Env env;
 
 /// The problem of (shape, profile, max_m), generated on first use; one is kept at a time.
