@@ -12,7 +12,7 @@
 //   twblas::ffn_stats(w_gate?, w_up, w_down) -> float[]   (twFfnGetStats: blocks)
 //   twblas::ffn_neuron_counts(w_gate?, w_up, w_down, reset=False) -> Tensor
 //   twblas::ffn_weight_copy_bytes(w_gate?, w_up, w_down) -> int   (TW_FFN_ATTR_WEIGHT_COPY_BYTES)
-//   twblas::_cache_info() -> int[]   (FFN descriptors held, made so far: for the tests)
+//   twblas::_cache_info() -> int[]   (FFN descriptors held, made and re-pointed so far: for the tests)
 //
 // Weights use nn.Linear's layouts: w_gate, w_up (H, D), w_down (D, H); x (..., D). The fake
 // (meta) kernels for torch.compile are registered in Python (twblas/torch.py).
@@ -27,7 +27,9 @@
 //    knows whether the forward ran in dense mode and kept g and u). The key is the weights'
 //    memory: data_ptr, shape, strides, dtype, device; an entry also holds weak references to
 //    the weights' TensorImpl and StorageImpl, so that other tensors that took the memory of freed
-//    weights never meet a stale entry. Each descriptor has a lock held around every use (its
+//    weights never meet a stale entry; the same tensors in moved memory (FSDP2 re-allocates a
+//    parameter's storage each step) re-point their entry (twFfnUpdateWeights) instead of making
+//    a new descriptor. Each descriptor has a lock held around every use (its
 //    pointer attributes are set per call; twFfnSetAttribute and twFfnUpdateWeights must not run
 //    while other calls use it);
 //  - a descriptor that holds a copy of some weight (TW_FFN_ATTR_WEIGHT_COPY_BYTES > 0, or a
@@ -370,6 +372,40 @@ class Ffn {
         return true;
     }
 
+    // the same tensors and storages as at creation, but some storage's memory moved (FSDP2 frees
+    // a parameter's storage after use and re-allocates it for the next step)
+    bool moved(const Weights& ws) const {
+        bool any = false;
+        for (int i = 0; i < 3; ++i) {
+            if (ws.w[i].defined() != impls_[i].has_value()) return false;
+            if (!ws.w[i].defined()) continue;
+            if (impls_[i]->expired() || impls_[i]->_unsafe_get_target() != ws.w[i].unsafeGetTensorImpl() ||
+                storages_[i]->_unsafe_get_target() != ws.w[i].storage().unsafeGetStorageImpl())
+                return false;
+            any = any || ws.w[i].storage().data_ptr().get() != memory_[i];
+        }
+        return any;
+    }
+
+    // with `mu` held: the descriptor pointed at the weights' new memory (twFfnUpdateWeights:
+    // host state only for weights read in place; its captured calls follow), instead of a new
+    // descriptor, which would allocate, block and start the path choice's statistics over
+    void repoint(twHandle_t h, const Weights& ws) {
+        DnMat fresh[3];
+        for (int i = 0; i < 3; ++i)
+            if (ws.w[i].defined()) fresh[i] = i == 2 ? down_of(ws.w[i]) : rows_of(ws.w[i]);
+        check(twFfnUpdateWeights(h, d_, fresh[0].get(), fresh[1].get(), fresh[2].get()), h, "twFfnUpdateWeights");
+        for (int i = 0; i < 3; ++i) {
+            if (!ws.w[i].defined()) continue;
+            descr_[i] = std::move(fresh[i]);
+            memory_[i] = ws.w[i].storage().data_ptr().get();
+        }
+        int64_t bytes = 1;
+        if (twFfnGetAttribute(d_, static_cast<twFfnAttribute_t>(kAttrWeightCopyBytes), &bytes, sizeof bytes) ==
+            TW_STATUS_SUCCESS)
+            keeps_copy_ = bytes != 0;
+    }
+
     // false once a weight is freed, or its storage moved to other memory (FSDP2 frees and
     // re-allocates the same storage every step): nothing can use this descriptor again, and
     // keeping it would keep its copy of the weights
@@ -438,6 +474,20 @@ class FfnCache {
             lru_.erase(it->second);  // the memory of freed weights, now other tensors'
             map_.erase(it);
         }
+        for (auto e = lru_.begin(); e != lru_.end(); ++e) {  // the same weights in moved memory
+            if (!same_shapes(e->first, k) || !e->second->moved(ws)) continue;
+            const std::shared_ptr<Ffn> ffn = e->second;
+            {
+                std::lock_guard<std::mutex> in_use(ffn->mu);
+                ffn->repoint(h, ws);
+            }
+            map_.erase(e->first);
+            e->first = k;
+            map_.emplace(k, e);
+            lru_.splice(lru_.begin(), lru_, e);
+            ++repointed_;
+            return ffn;
+        }
         for (auto e = lru_.begin(); e != lru_.end();) {  // descriptors of freed weights
             if (e->second->alive()) {
                 ++e;
@@ -459,14 +509,19 @@ class FfnCache {
 
     std::vector<int64_t> info() {
         std::lock_guard<std::mutex> lock(mu_);
-        return {static_cast<int64_t>(lru_.size()), made_};
+        return {static_cast<int64_t>(lru_.size()), made_, repointed_};
     }
 
   private:
+    // the same weights but for where they are
+    static bool same_shapes(const Key& a, const Key& b) {
+        return std::memcmp(a.dims, b.dims, sizeof a.dims) == 0 && std::memcmp(a.meta, b.meta, sizeof a.meta) == 0;
+    }
+
     std::mutex mu_;
     std::list<std::pair<Key, std::shared_ptr<Ffn>>> lru_;  // most recently used first
     std::unordered_map<Key, std::list<std::pair<Key, std::shared_ptr<Ffn>>>::iterator, KeyHash> map_;
-    int64_t made_ = 0;
+    int64_t made_ = 0, repointed_ = 0;
 };
 
 // never destroyed: descriptors outliving the CUDA runtime at exit would be freed too late
