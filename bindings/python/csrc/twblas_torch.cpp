@@ -762,9 +762,9 @@ std::vector<int64_t> cache_info() { return cache().info(); }
 TORCH_LIBRARY(twblas, m) {
     // the fake kernels live there (torch imports it when it needs them before anyone else did)
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
-    m.set_python_module("twblas.torch");
+    m.set_python_module("twblas._ops");
 #else
-    m.impl_abstract_pystub("twblas.torch");
+    m.impl_abstract_pystub("twblas._ops");
 #endif
     m.def("sparse_ffn(Tensor x, Tensor? w_gate, Tensor w_up, Tensor w_down, bool save_dense=False) -> (Tensor y, "
           "Tensor l1)");

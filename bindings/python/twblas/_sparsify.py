@@ -26,6 +26,8 @@ such modules as they are instead (the model then mixes dense and twblas MLPs).
 
 import torch
 
+from ._ops import SparseMLP
+
 __all__ = ["sparsify"]
 
 _ACT_ATTRS = ("act_fn", "activation_fn", "act", "activation")
@@ -74,8 +76,6 @@ def _linear(module, name):
 
 def _candidate(module):
     """'gated', 'plain' or None: whether the module is shaped like an HF MLP."""
-    from .torch import SparseMLP
-
     if isinstance(module, SparseMLP):
         return None
     if _linear(module, "up_proj") is None or _linear(module, "down_proj") is None:
@@ -119,8 +119,6 @@ def _problem(name, module, kind, model):
 
 
 def _replacement(module, down_in_place: bool, save_dense: bool):
-    from .torch import SparseMLP
-
     names = [n for n in ("gate_proj", "up_proj", "down_proj") if getattr(module, n, None) is not None]
     if down_in_place:
         # shares the Parameters and re-lays down_proj.weight's storage for the kernels
