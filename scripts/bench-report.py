@@ -374,9 +374,22 @@ def readme_ffn_table(results):
         tw, de = train.get(k, "train_twblas"), train.get(k, "train_dense")
         if tw and de:
             body.append(["training, forward + backward, 16384 tokens", f"{tw:.3f} ms", f"{de:.3f} ms", rx(ratio(de, tw))])
-    return (f"The FFN alone, one {fp8.gpu()}, the paper's shape, 29 active units a token, CUDA-graph replay; "
+    text = (f"The FFN alone, one {fp8.gpu()}, the paper's shape, 29 active units a token, CUDA-graph replay; "
             "baseline: " + DENSE_FFN + " (`bench/results/h200-fp8.json`, `h200-train.json`):\n\n"
             + table(["case", "twblas", "dense cuBLAS", "speedup"], body))
+    sweep = load(results, "h200-sweep.json")
+    if sweep:
+        def vs_fused(k, m):
+            return ratio(sweep.get((2048, 5632, f"uniform-{k}", m), "dense_fused"),
+                         sweep.get((2048, 5632, f"uniform-{k}", m), "twblas"))
+        dense_ks = [k for k in (100, 300, 911, 2816) if vs_fused(k, 16384)]
+        low = [vs_fused(k, m) for k in dense_ks for m in (512, 16384) if vs_fused(k, m)]
+        text += ("\n\nAgainst the strongest dense FFN, gate and up as one CUTLASS GEMM with ReLU(z) u in its "
+                 f"epilogue (`bench/results/h200-sweep.json`): {rx(vs_fused(29, 512))} at 512 tokens and "
+                 f"{rx(vs_fused(29, 16384))} at 16384 with 29 active units a token"
+                 + (f"; with 100 to 2816 active units a token {min(low):.2f}-{max(low):.2f}x, not yet level "
+                    "([docs/benchmarks.md](docs/benchmarks.md), section 6)." if low else "."))
+    return text
 
 
 def update_readme(results, path):
