@@ -38,14 +38,6 @@ int32_t dense_path_row_limit(int64_t hidden_dim) {
     return static_cast<int32_t>(std::max<int64_t>(hidden_dim / 32, 64));
 }
 
-bool ForwardPlan::operator==(const ForwardPlan &o) const {
-    return path == o.path && masked_gate == o.masked_gate && masked_gate_tile_n == o.masked_gate_tile_n &&
-           lists_in_fwd_u == o.lists_in_fwd_u && cublas_rows == o.cublas_rows &&
-           dense_stats_fold == o.dense_stats_fold && serve.own_gate == o.serve.own_gate &&
-           serve.stats_kernel == o.serve.stats_kernel && serve.token_warps == o.serve.token_warps &&
-           serve.token_splits == o.serve.token_splits;
-}
-
 int serve_token_warps(const FfnTuning &t, int64_t tokens, bool writes_h) {
     return tokens >= t.serve_token_narrow_min_tokens && !writes_h ? 8 : 16;
 }

@@ -75,7 +75,6 @@ struct ForwardPlan {
     int64_t cublas_rows = 0;      // rows of the dense list through cuBLAS GEMMs (the rest gathered)
     bool dense_stats_fold = false;  // dense mode: one statistics pass also publishes
     ServePlan serve;
-    bool operator==(const ForwardPlan &o) const;
 };
 
 /// The plan of a call. A pinned algorithm (in.algorithm) that cannot run this call throws
