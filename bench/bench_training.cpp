@@ -81,6 +81,21 @@ struct TwTrain {
     }
     TwTrain(const TwTrain &) = delete;
     TwTrain &operator=(const TwTrain &) = delete;
+    /// Sizes the saved state again, as a framework that allocates it per step does: with the
+    /// default TW_SAVE_DENSE_AUTO the size follows the FFNs' statistics (room for z and u when
+    /// the next step runs in dense mode). Each instance's FFN is asked: each remembers its answer.
+    void resize_saved(Problem &p, int64_t m) {
+        size_t bytes = 0;
+        for (int i = 0; i < kInstances; ++i) {
+            size_t b = 0;
+            ck(twSpGEMMFusedSaved_bufferSize(p.handle, p.ffn[i], m, &b), p.handle, "saved size");
+            bytes = std::max(bytes, b);
+        }
+        if (bytes != saved_bytes) {
+            saved_bytes = bytes;
+            saved = std::make_unique<DeviceMemory>(saved_bytes);
+        }
+    }
     void step(Problem &p, int i) {
         ck(twSpGEMMFusedForwardTrain(p.handle, p.ffn[i], x[i], y, saved->get(), wsf->get()), p.handle, "ForwardTrain");
         ck(twSpGEMMFusedBackward(p.handle, p.ffn[i], x[i], saved->get(), dy, kL1Coeff, dx, dwg, dwu, dwd, wsb->get()),
@@ -89,11 +104,11 @@ struct TwTrain {
 };
 
 /// Sets TW_FFN_ATTR_SAVE_DENSE on every instance's FFN for one benchmark's life (the problem is
-/// shared with the other benchmarks).
+/// shared with the other benchmarks, which get the default back).
 struct SaveDense {
     Problem &p;
-    SaveDense(Problem &problem, int32_t on) : p(problem) { set(on); }
-    ~SaveDense() { set(0); }
+    SaveDense(Problem &problem, int32_t value) : p(problem) { set(value); }
+    ~SaveDense() { set(TW_SAVE_DENSE_AUTO); }
     void set(int32_t v) {
         for (int i = 0; i < kInstances; ++i)
             ck(twFfnSetAttribute(p.ffn[i], TW_FFN_ATTR_SAVE_DENSE, &v, sizeof v), p.handle, "SAVE_DENSE");
@@ -110,6 +125,7 @@ twFfnStats_t settle_and_verify(benchmark::State &state, Problem &p, TwTrain &tw,
         twFfnStats_t si{};
         ck(twFfnGetStats(p.handle, p.ffn[i], &si), p.handle, "stats");
     }
+    tw.resize_saved(p, m);
     tw.step(p, 0);
     twFfnStats_t st{};
     ck(twFfnGetStats(p.handle, p.ffn[0], &st), p.handle, "stats");
@@ -134,7 +150,7 @@ twFfnStats_t settle_and_verify(benchmark::State &state, Problem &p, TwTrain &tw,
 void bm_train_twblas(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m, bool save_dense) {
     auto p = problem(s, profile, max_m);
     const DeviceMemory &dy = train_dy(*p);
-    const SaveDense attribute(*p, save_dense ? 1 : 0);
+    const SaveDense attribute(*p, save_dense ? TW_SAVE_DENSE_ALWAYS : TW_SAVE_DENSE_AUTO);
     TwTrain tw(*p, m, dy);
     settle_and_verify(state, *p, tw, m, dy);
     auto execs = capture([&](int i) { tw.step(*p, i); });

@@ -1126,7 +1126,7 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
                                                       {TW_FFN_ATTR_COMPRESSION, "TW_FFN_ATTR_COMPRESSION", 8},
                                                       {TW_FFN_ATTR_COMPUTE_MODE, "TW_FFN_ATTR_COMPUTE_MODE", TW_COMPUTE_DEFAULT},
                                                       {TW_FFN_ATTR_DETERMINISTIC, "TW_FFN_ATTR_DETERMINISTIC", 0},
-                                                      {TW_FFN_ATTR_SAVE_DENSE, "TW_FFN_ATTR_SAVE_DENSE", 0},
+                                                      {TW_FFN_ATTR_SAVE_DENSE, "TW_FFN_ATTR_SAVE_DENSE", TW_SAVE_DENSE_AUTO},
                                                       {TW_FFN_ATTR_CALL_GRAPHS, "TW_FFN_ATTR_CALL_GRAPHS", 1},
                                                       {TW_FFN_ATTR_ALGORITHM, "TW_FFN_ATTR_ALGORITHM", TW_FFN_ALG_DEFAULT}};
     auto attr_name = [&int_attributes](twFfnAttribute_t attr) {
@@ -1162,7 +1162,7 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
         {TW_FFN_ATTR_COMPRESSION, {3, 0, 1, 16}},
         {TW_FFN_ATTR_COMPUTE_MODE, {9, 3, -1}},
         {TW_FFN_ATTR_DETERMINISTIC, {2, -1}},
-        {TW_FFN_ATTR_SAVE_DENSE, {2, -1}},
+        {TW_FFN_ATTR_SAVE_DENSE, {3, -1}},
         {TW_FFN_ATTR_CALL_GRAPHS, {2, -1}},
         {TW_FFN_ATTR_ALGORITHM, {7, -1, 100}}};
     for (const auto &[attr, values] : invalid_values)
@@ -1183,7 +1183,7 @@ TEST_CASE("FFN setup, size and attributes", "[api][errors]") {
             {TW_FFN_ATTR_COMPRESSION, {2, 4, 8}},
             {TW_FFN_ATTR_COMPUTE_MODE, {TW_COMPUTE_HIGHEST_PRECISION, TW_COMPUTE_DEFAULT}},
             {TW_FFN_ATTR_DETERMINISTIC, {1, 0}},
-            {TW_FFN_ATTR_SAVE_DENSE, {1, 0}},
+            {TW_FFN_ATTR_SAVE_DENSE, {TW_SAVE_DENSE_ALWAYS, TW_SAVE_DENSE_NEVER, TW_SAVE_DENSE_AUTO}},
             {TW_FFN_ATTR_CALL_GRAPHS, {0, 1}},
             {TW_FFN_ATTR_ALGORITHM, {TW_FFN_ALG_SERVE, TW_FFN_ALG_DECODE, TW_FFN_ALG_DENSE, TW_FFN_ALG_FUSED,
                                      TW_FFN_ALG_TWO_PASS, TW_FFN_ALG_MASKED_TWO_PASS, TW_FFN_ALG_DEFAULT}}};

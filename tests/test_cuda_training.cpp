@@ -167,6 +167,76 @@ TEST_CASE("CUDA training: SAVE_DENSE keeps z and u in dense mode, and the backwa
     }
 }
 
+TEST_CASE("CUDA training: by default a dense-mode step sized after the statistics keeps z and u", "[cuda][train][quick]") {
+    // TW_SAVE_DENSE_AUTO (the default): the saved state's size follows the statistics. A fresh
+    // FFN answers with the compact state; after a step that put it in dense mode the answer has
+    // room for z and u, and a step in a state of that size keeps them and its backward reads them
+    // (zeroed after the forward, they zero every gradient). A size queried before the warm step
+    // stays valid: its step recomputes, with the same results. After a sparse step the answer is
+    // the compact size again.
+    for (const bool gated : {true, false}) {
+        TrainCase c;
+        c.integers = true;
+        c.gated = gated;
+        c.m = 512;
+        c.d = 72;
+        c.h = 601;
+        c.l1 = static_cast<float>(c.m);
+        REQUIRE(c.save_dense == TW_SAVE_DENSE_AUTO);
+        TrainCase w = c;
+        w.heavy_every = 1;
+        const TrainData warm = make_data(w);
+        c.heavy_every = 5;
+        const TrainData data = make_data(c);
+        const size_t kept = static_cast<size_t>((gated ? 2 : 1) * c.m * ((c.h + 7) / 8 * 8) * 2);
+        DYNAMIC_SECTION((gated ? "gated" : "plain")) {
+            const TrainExpected want = expected_train(c, data);
+            SECTION("sized after the dense step: kept, and read") {
+                const TrainResult r = run_train(c, data, kBackend, TrainRun().warmed_with(&warm.x).sized_after_warm());
+                CHECK(r.saved_bytes == r.saved_bytes_before + kept);
+                check_train(c, r, want);
+                TrainRun run = TrainRun().warmed_with(&warm.x).sized_after_warm();
+                run.between = [kept](Buffers &b, void *saved, size_t bytes) {
+                    REQUIRE(bytes > kept);
+                    b.zero(static_cast<char *>(saved) + (bytes - kept), kept);
+                };
+                const TrainResult zeroed = run_train(c, data, kBackend, run);
+                const auto zero = [](const std::vector<double> &g) {
+                    return std::all_of(g.begin(), g.end(), [](double e) { return e == 0.0; });
+                };
+                CHECK(zero(zeroed.dx));
+                CHECK(zero(zeroed.dwu));
+                CHECK(zero(zeroed.dwd));
+                if (gated) CHECK(zero(zeroed.dwg));
+                CHECK(zeroed.y == want.r.y);
+            }
+            SECTION("replayed") {
+                check_train(c, run_train(c, data, kBackend,
+                                         TrainRun().warmed_with(&warm.x).sized_after_warm().times(2).replayed(graph_replay)),
+                            want);
+            }
+            SECTION("sized before the dense step: recomputed") {
+                const TrainResult r = run_train(c, data, kBackend, TrainRun().warmed_with(&warm.x));
+                CHECK(r.saved_bytes == r.saved_bytes_before);
+                check_train(c, r, want);
+            }
+            SECTION("sized after a step with no active unit: compact") {
+                const std::vector<float> none(static_cast<size_t>(c.m * c.d), 0.0f);
+                const TrainResult r = run_train(c, data, kBackend, TrainRun().warmed_with(&none).sized_after_warm());
+                CHECK(r.saved_bytes == r.saved_bytes_before);
+                check_train(c, r, want);
+            }
+            SECTION("never") {
+                TrainCase never = c;
+                never.save_dense = TW_SAVE_DENSE_NEVER;
+                const TrainResult r = run_train(never, data, kBackend, TrainRun().warmed_with(&warm.x).sized_after_warm());
+                CHECK(r.saved_bytes == r.saved_bytes_before);
+                check_train(never, r, want);
+            }
+        }
+    }
+}
+
 TEST_CASE("CUDA training: profiles, types and modes against the reference", "[cuda][train][quick]") {
     for (tt::Profile profile : {tt::Profile::Uniform, tt::Profile::Heavy, tt::Profile::Llm})
         for (twDataType_t type : {TW_R_16BF, TW_R_16F, TW_R_32F})

@@ -6,6 +6,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "host/error.hpp"
 #include "plan/forward_plan.hpp"
@@ -160,6 +161,29 @@ TEST_CASE("plan: FP8 weights and training", "[plan]") {
     CHECK(path_of(train, {true, 900.0, 0.0}) == FfnPath::DenseMode);
     train.m = 16384;
     CHECK(plan_forward(train, {}, {}).masked_gate);
+}
+
+TEST_CASE("plan: the saved state's room for z and u follows the training plan", "[plan]") {
+    // what TW_SAVE_DENSE_AUTO sizes for must agree with the path the training forward then takes
+    const std::vector<PlanFeedback> feedbacks = {
+        {}, {true, 900.0, 0.3}, {false, 29.0, 0.01}, {false, 29.0, 0.0}, {true, 120.0, 0.0}};
+    for (int64_t m : {0, 1, 8, 300, 512, 513, 16384})
+        for (const PlanFeedback &fb : feedbacks) {
+            PlanInput train = paper(m);
+            train.training = true;
+            INFO("M = " << m << ", dense mode " << fb.dense_mode << ", dense rows " << fb.dense_row_fraction);
+            CHECK(training_dense_mode_likely(train, fb, {}) == (m > 0 && path_of(train, fb) == FfnPath::DenseMode));
+            train.algorithm = TW_FFN_ALG_DENSE;
+            CHECK(training_dense_mode_likely(train, fb, {}) == (m > 0));
+            train.algorithm = TW_FFN_ALG_TWO_PASS;
+            CHECK_FALSE(training_dense_mode_likely(train, fb, {}));
+            train.algorithm = TW_FFN_ALG_DEFAULT;
+            train.deterministic = true;  // no dense mode there
+            CHECK_FALSE(training_dense_mode_likely(train, fb, {}));
+            train.deterministic = false;
+            train.training = false;  // inference keeps no saved state
+            CHECK_FALSE(training_dense_mode_likely(train, fb, {}));
+        }
 }
 
 TEST_CASE("plan: a pinned algorithm runs its path or says why not", "[plan]") {

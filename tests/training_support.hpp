@@ -28,7 +28,7 @@ struct TrainCase {
     bool integers = false;  // small integers: every sum exact, results bit-identical
     int heavy_every = 0;    // integers: every n-th token fires most units (recomputed rows)
     int32_t deterministic = 0;
-    int32_t save_dense = 0;  // TW_FFN_ATTR_SAVE_DENSE
+    int32_t save_dense = TW_SAVE_DENSE_AUTO;  // TW_FFN_ATTR_SAVE_DENSE (the default)
     float l1 = 0.5f;
     uint64_t seed = 11;
 };
@@ -95,6 +95,7 @@ struct TrainResult {
     twFfnStats_t stats{};
     float l1_output = 0.0f;  // TrainRun::l1_pointers: what the last forward wrote there
     int64_t weight_copy_bytes = -1;  // TW_FFN_ATTR_WEIGHT_COPY_BYTES after the run
+    size_t saved_bytes_before = 0, saved_bytes = 0;  // the saved state's size before the warm step, and the steps'
 };
 
 inline void append_bits(std::vector<uint32_t> &bits, const Dense &m) {
@@ -122,7 +123,14 @@ struct TrainRun {
     // state of its own, and its statistics read: the FFN is then told to leave dense mode before
     // the step's backward runs
     bool sparse_forward_between = false;
+    // the steps' saved state sized again after the warm step, as a framework sizing it per step
+    // does (TW_SAVE_DENSE_AUTO's room follows the statistics)
+    bool size_after_warm = false;
 
+    TrainRun &sized_after_warm() {
+        size_after_warm = true;
+        return *this;
+    }
     TrainRun &saved_moved() {
         move_saved = true;
         return *this;
@@ -180,7 +188,9 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
     TW_REQUIRE_OK(h, twSpGEMMFusedSaved_bufferSize(h, ffn, c.m, &saved_bytes));
     TW_REQUIRE_OK(h, twSpGEMMFused_bufferSize(h, ffn, X, Y, &fw));
     TW_REQUIRE_OK(h, twSpGEMMFusedBackward_bufferSize(h, ffn, c.m, &bw));
-    void *const saved = buf.memory(saved_bytes), *const wsf = buf.memory(fw), *const wsb = buf.memory(bw);
+    void *saved = buf.memory(saved_bytes);
+    void *const wsf = buf.memory(fw), *const wsb = buf.memory(bw);
+    const size_t saved_bytes_before = saved_bytes;
     float l1_coeff = c.l1;
     void *l1_output = nullptr;
     if (run.l1_pointers) {
@@ -199,6 +209,10 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
         TW_REQUIRE_OK(h, twSpGEMMFusedBackward(h, ffn, XW, saved, DY, l1_coeff, DX, DWG, DWU, DWD, wsb));
         twFfnStats_t warm{};
         TW_REQUIRE_OK(h, twFfnGetStats(h, ffn, &warm));
+    }
+    if (run.size_after_warm) {
+        TW_REQUIRE_OK(h, twSpGEMMFusedSaved_bufferSize(h, ffn, c.m, &saved_bytes));
+        saved = buf.memory(saved_bytes);
     }
     void *const moved = run.move_saved ? buf.memory(saved_bytes) : nullptr;
     std::unique_ptr<Dense> x0, y0;
@@ -235,6 +249,8 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
     REQUIRE(twFfnGetAttribute(ffn, TW_FFN_ATTR_WEIGHT_COPY_BYTES, &r.weight_copy_bytes, sizeof r.weight_copy_bytes) ==
             TW_STATUS_SUCCESS);
     if (X0) r.stats = step_stats;
+    r.saved_bytes_before = saved_bytes_before;
+    r.saved_bytes = saved_bytes;
     if (l1_output) r.l1_output = buf.read<float>(l1_output, 1)[0];
     buf.fetch();
     twDestroyFfn(ffn);

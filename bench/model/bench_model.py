@@ -350,7 +350,7 @@ def build_learned(ctx, spec, args):
         return w[:, :-1].contiguous().to(device), w[:, 1:].contiguous().to(device)
 
     torch.manual_seed(args.seed)
-    lm = ex.LM(d, layers, heads, h, seq, sparse=True, save_dense=True).to(device, dtype)
+    lm = ex.LM(d, layers, heads, h, seq, sparse=True).to(device, dtype)
     opt = torch.optim.AdamW(lm.parameters(), lr=1e-3, weight_decay=0.0)
     gen = torch.Generator().manual_seed(args.seed)
     coeff, curve, steps = args.learned_l1, [], 0

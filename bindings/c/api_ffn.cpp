@@ -227,7 +227,8 @@ twStatus_t twFfnSetAttribute(twFfnDescr_t ffn, twFfnAttribute_t attr, const void
                 f.deterministic = v;
                 break;
             case TW_FFN_ATTR_SAVE_DENSE:
-                if (v != 0 && v != 1) fail(TW_STATUS_INVALID_VALUE, "value: save_dense must be 0 or 1, got %d", v);
+                if (v != TW_SAVE_DENSE_NEVER && v != TW_SAVE_DENSE_ALWAYS && v != TW_SAVE_DENSE_AUTO)
+                    fail(TW_STATUS_INVALID_VALUE, "value: %d is not a twSaveDense_t (0, 1 or 2)", v);
                 f.save_dense = v;
                 break;
             case TW_FFN_ATTR_CALL_GRAPHS:

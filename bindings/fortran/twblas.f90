@@ -91,6 +91,11 @@ module twblas
     integer(c_int), parameter, public :: TW_FFN_ALG_TWO_PASS = 5
     integer(c_int), parameter, public :: TW_FFN_ALG_MASKED_TWO_PASS = 6
 
+    ! ---- twSaveDense_t (TW_FFN_ATTR_SAVE_DENSE) ---------------------------------------------------
+    integer(c_int), parameter, public :: TW_SAVE_DENSE_NEVER = 0
+    integer(c_int), parameter, public :: TW_SAVE_DENSE_ALWAYS = 1
+    integer(c_int), parameter, public :: TW_SAVE_DENSE_AUTO = 2
+
     ! ---- twComputeMode_t ----------------------------------------------------------------------
     integer(c_int), parameter, public :: TW_COMPUTE_DEFAULT = 0
     integer(c_int), parameter, public :: TW_COMPUTE_HIGHEST_PRECISION = 1

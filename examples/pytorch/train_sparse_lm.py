@@ -94,7 +94,7 @@ class Block(torch.nn.Module):
 
 
 class LM(torch.nn.Module):
-    def __init__(self, d, layers, heads, d_ff, seq, sparse, save_dense=True):
+    def __init__(self, d, layers, heads, d_ff, seq, sparse, save_dense=False):
         super().__init__()
         self.emb = torch.nn.Embedding(256, d)
         self.pos = torch.nn.Parameter(torch.randn(seq, d) * 0.02)
@@ -215,9 +215,6 @@ def main():
     ap.add_argument("--out", default="runs/train-sparse-lm")
     ap.add_argument("--unit-stats-every", type=int, default=50,
                     help="log each layer's unit firing rates (dead units, the busiest) every N steps")
-    ap.add_argument("--no-save-dense", dest="save_dense", action="store_false",
-                    help="do not keep g and u for the backward while the FFNs run in dense mode (the early "
-                         "steps, before sparsity emerges): less memory, slower steps (TW_FFN_ATTR_SAVE_DENSE)")
     ap.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp2"],
                     help="under torchrun: DistributedDataParallel, or FSDP2 (fully_shard per block)")
     ap.add_argument("--profile-steps", type=int, default=0,
@@ -245,8 +242,7 @@ def main():
     models, opts = {}, {}
     for name in ("sparse", "dense"):
         torch.manual_seed(args.seed)  # the same initial weights for both
-        m = LM(args.d_model, args.layers, args.heads, d_ff, args.seq, sparse=(name == "sparse"),
-               save_dense=args.save_dense).to(device, dtype)
+        m = LM(args.d_model, args.layers, args.heads, d_ff, args.seq, sparse=(name == "sparse")).to(device, dtype)
         if world > 1 and args.parallel == "fsdp2":
             from torch.distributed.fsdp import fully_shard
 

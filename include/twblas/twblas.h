@@ -322,7 +322,8 @@ typedef enum {
     TW_FFN_ATTR_COMPRESSION = 1,   /**< int32, 2/4/8, default 8 */
     TW_FFN_ATTR_COMPUTE_MODE = 2,  /**< twComputeMode_t (stored as int32) */
     TW_FFN_ATTR_DETERMINISTIC = 3, /**< int32 0/1: bitwise identical results run to run */
-    TW_FFN_ATTR_SAVE_DENSE = 4,    /**< int32 0/1, default 0: room in the saved state for g and u
+    TW_FFN_ATTR_SAVE_DENSE = 4,    /**< twSaveDense_t (stored as int32), default
+                                        TW_SAVE_DENSE_AUTO: room in the saved state for g and u
                                         of every token (see twSpGEMMFusedSaved_bufferSize) */
     TW_FFN_ATTR_L1_OUTPUT = 5,     /**< float *, backend memory, 4-byte aligned, default NULL:
                                         where every forward also writes its l1 (below) */
@@ -363,6 +364,13 @@ typedef enum {
     TW_FFN_ALG_MASKED_TWO_PASS = 6  /**< the gate GEMM writes active-unit masks in its epilogue
                                          (sm_90a builds on sm_90 GPUs, 16-bit), then two passes */
 } twFfnAlgorithm_t;
+/** TW_FFN_ATTR_SAVE_DENSE's values: whether a training forward in dense mode keeps g and u of
+ *  every token for its backward (twSpGEMMFusedSaved_bufferSize says what each costs). */
+typedef enum {
+    TW_SAVE_DENSE_NEVER = 0,  /**< never: the backward of a dense-mode step recomputes them */
+    TW_SAVE_DENSE_ALWAYS = 1, /**< room for them in every saved state */
+    TW_SAVE_DENSE_AUTO = 2    /**< room when the next training forward will run in dense mode */
+} twSaveDense_t;
 /** The two pointer attributes let a training loop run without reading anything back per layer
  *  (a framework's l1 output and the l1 gradient it receives both live on the device):
  *  - TW_FFN_ATTR_L1_OUTPUT: when not NULL, twSpGEMMFused and twSpGEMMFusedForwardTrain with
@@ -470,17 +478,26 @@ TWBLAS_API twStatus_t twFfnResetNeuronCounts(twHandle_t h, twFfnDescr_t ffn);
  *  gate pattern with g and u; rows too dense for it are recomputed from X in the backward).
  *  Both backends: at most 128 units per token are kept, about 1/14 of a dense bf16 h at H = 5632.
  *
- *  TW_FFN_ATTR_SAVE_DENSE = 1 (CUDA, 16-bit DEFAULT mode, not deterministic) adds room for g and
- *  u of every token in the value type: 4 x tokens x H bytes more for a gated bf16 FFN (2 x for
- *  TW_FFN_RELU), 2/3 of what a dense step keeps ([g | u] and h). A training forward that runs in
- *  dense mode (the previous forward found the activations too dense for the sparse path, as at
- *  the start of training, before the L1 term has made them sparse) then keeps g and u there, and
- *  the backward of that saved state runs as the dense step does instead of recomputing them
- *  (two GEMMs more). The results agree either way up to rounding; a saved state moved to another address
- *  before its backward is still read correctly, through the recompute. Set the attribute before
- *  sizing the saved state; the CPU backend ignores it.
- *  0 bytes for tokens = 0; tokens <= INT32_MAX (INVALID_VALUE beyond: token ids are 32-bit, and
- *  the bound keeps every size inside size_t). */
+ *  Dense mode (CUDA, 16-bit, not deterministic): a training forward after one that found the
+ *  activations too dense for the sparse path (as at the start of training, before the L1 term
+ *  has made them sparse) runs as the dense step does. Its backward is the dense step's too when
+ *  the saved state has room for g and u of every token in the value type (4 x tokens x H bytes
+ *  more for a gated bf16 FFN, 2 x for TW_FFN_RELU: 2/3 of what a dense step keeps, [g | u] and
+ *  h); without it the backward recomputes them from X (two GEMMs more, so slower than the dense
+ *  step). TW_FFN_ATTR_SAVE_DENSE chooses:
+ *  - TW_SAVE_DENSE_AUTO (default): the room is in the answer when the FFN's latest statistics put
+ *    the next training forward of `tokens` tokens in dense mode, so the answer changes as the
+ *    activations do. The FFN remembers the answer: its next training forwards of `tokens` tokens
+ *    keep g and u there while in dense mode. Query the size before each training forward (as a
+ *    framework that allocates the saved state per step does; a size queried once before training
+ *    stays valid, but its steps then recompute); the saved state must have at least the bytes of
+ *    the latest query on this FFN for these tokens (from the thread that then runs the forward).
+ *  - TW_SAVE_DENSE_ALWAYS: the room is always there (dense mode or not).
+ *  - TW_SAVE_DENSE_NEVER: never; dense-mode backwards recompute.
+ *  The results agree either way up to rounding; a saved state moved to another address before
+ *  its backward is still read correctly, through the recompute. The CPU backend ignores the
+ *  attribute. 0 bytes for tokens = 0; tokens <= INT32_MAX (INVALID_VALUE beyond: token ids are
+ *  32-bit, and the bound keeps every size inside size_t). */
 TWBLAS_API twStatus_t twSpGEMMFusedSaved_bufferSize(twHandle_t h, twFfnDescr_t ffn,
                                                     int64_t tokens, size_t *bytes);
 /** Forward that also writes what the backward needs into `saved` (twSpGEMMFusedSaved_bufferSize

@@ -182,7 +182,7 @@ class CudaBackend final : public Backend {
                     "cudaMemset2DAsync");
     }
     size_t ffn_saved_bytes(const twFfnDescr &ffn, int64_t tokens) override {
-        return cuda::saved_layout(cuda::training_problem_of(ffn, tokens)).total;
+        return cuda::saved_layout(cuda::saved_size_problem(ffn, tokens)).total;
     }
     void ffn_forward_train(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y, void *saved,
                            void *workspace) override {

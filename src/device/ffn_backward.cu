@@ -401,9 +401,11 @@ void ffn_backward(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr
     b.l1_scale.coeff = p.m > 0 ? l1.at : nullptr;  // read by the kernels, divided there as here
     b.l1_scale.m = static_cast<float>(p.m);
     const TrainForwards::Record *forward = st.train_forwards.find(saved, p.m);
-    if (p.save_dense && p.m > 0 && forward && forward->kept_z_u && gemm_writes(dwg) && gemm_writes(&dwu) &&
-        gemm_writes(&dwd))
-        return dense_saved_backward(stream, st, p, saved_view(p, saved), x, dy, b.l1_scale, dx, dwg, dwu, dwd, s);
+    if (p.m > 0 && forward && forward->kept_z_u && gemm_writes(dwg) && gemm_writes(&dwu) && gemm_writes(&dwd)) {
+        FfnProblem kept = p;  // the layout its forward wrote: z and u at the state's tail
+        kept.save_dense = true;
+        return dense_saved_backward(stream, st, p, saved_view(kept, saved), x, dy, b.l1_scale, dx, dwg, dwu, dwd, s);
+    }
     sort_dense_list(stream, p, saved, s);
     // the forward's dense-path rows are recomputed: the first `cap` of them through cuBLAS (cap
     // from the measured share, as in the forward; after a dense-mode forward all of them), any

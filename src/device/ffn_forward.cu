@@ -206,8 +206,8 @@ void write_forward_l1(cudaStream_t stream, const twFfnDescr &ffn, float *dst) {
 void ffn_forward_train(cudaStream_t stream, const twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
                        void *saved, void *workspace) {
     CudaFfnState &st = state_of(ffn);
-    const FfnProblem p = problem_of(ffn, x.rows);
     std::lock_guard<std::mutex> lock(st.mutex);
+    const FfnProblem p = training_forward_problem(ffn, st, x.rows);
     st.train_pointers.require(x.values, "X");
     st.train_pointers.require(y.values, "Y");
     st.train_pointers.require(saved, "saved");

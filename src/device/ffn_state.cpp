@@ -40,8 +40,9 @@ FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens) {
     p.deterministic = ffn.deterministic != 0;
     p.tile = ffn.tile_width;
     p.slots = ffn.tile_width / ffn.compression - 1;
-    // dense mode runs only where cuBLAS may (and never in deterministic mode: it would switch)
-    p.save_dense = ffn.save_dense != 0 && p.cublas_ok() && !p.deterministic;
+    // dense mode runs only where cuBLAS may (and never in deterministic mode: it would switch);
+    // TW_SAVE_DENSE_AUTO's room is the training calls' to decide (saved_size_problem)
+    p.save_dense = ffn.save_dense == TW_SAVE_DENSE_ALWAYS && p.cublas_ok() && !p.deterministic;
     return p;
 }
 
@@ -136,6 +137,30 @@ FfnProblem training_problem_of(const twFfnDescr &ffn, int64_t tokens) {
     if (tokens * int64_t{kSavedEll} >= (int64_t{1} << 31))
         fail(TW_STATUS_NOT_SUPPORTED, "CUDA training: up to %lld tokens per call; got %lld",
              static_cast<long long>(((int64_t{1} << 31) - 1) / kSavedEll), static_cast<long long>(tokens));
+    return p;
+}
+
+FfnProblem saved_size_problem(const twFfnDescr &ffn, int64_t tokens) {
+    FfnProblem p = training_problem_of(ffn, tokens);
+    if (ffn.save_dense != TW_SAVE_DENSE_AUTO || !p.cublas_ok() || p.deterministic) return p;
+    CudaFfnState &st = state_of(ffn);
+    std::lock_guard<std::mutex> lock(st.mutex);
+    absorb_feedback(st);
+    PlanInput in;
+    in.m = p.m, in.d = p.d, in.h = p.h, in.dp = p.dp;
+    in.type = p.type;
+    in.gated = p.gated, in.highest = p.highest, in.fp8 = p.fp8, in.deterministic = p.deterministic;
+    in.training = true;
+    in.algorithm = static_cast<twFfnAlgorithm_t>(ffn.algorithm);
+    p.save_dense = training_dense_mode_likely(in, st.feedback_seen, st.tuning);
+    st.dense_room_tokens = p.save_dense ? tokens : -1;
+    return p;
+}
+
+FfnProblem training_forward_problem(const twFfnDescr &ffn, const CudaFfnState &st, int64_t tokens) {
+    FfnProblem p = training_problem_of(ffn, tokens);
+    if (ffn.save_dense == TW_SAVE_DENSE_AUTO && p.cublas_ok() && !p.deterministic)
+        p.save_dense = st.dense_room_tokens == tokens && tokens > 0;
     return p;
 }
 

@@ -96,6 +96,7 @@ struct CudaFfnState final : FfnState {
     PlanFeedback feedback_seen;  // what the last published statistics said
     FfnTuning tuning;            // twFfnSetTuning
     TrainForwards train_forwards;
+    int64_t dense_room_tokens = -1;  // TW_SAVE_DENSE_AUTO: tokens of the latest size query that gave room for z, u
     ReachablePointers train_pointers;  // the training calls' arguments, checked once each
 
     FfnWeights weights(const FfnProblem &p) const {
@@ -135,6 +136,14 @@ namespace twblas::cuda {
 /// The training problem: token ids in the backward's sort are 32-bit slot numbers, so one call
 /// takes fewer than 2^31 / kSavedEll tokens (NOT_SUPPORTED beyond).
 FfnProblem training_problem_of(const twFfnDescr &ffn, int64_t tokens);
+
+/// The problem of a saved-state size query (twSpGEMMFusedSaved_bufferSize). TW_SAVE_DENSE_AUTO:
+/// room for z and u (p.save_dense) when the FFN's statistics put a training forward of `tokens`
+/// tokens in dense mode now; the FFN remembers the answer (dense_room_tokens) for its forwards.
+FfnProblem saved_size_problem(const twFfnDescr &ffn, int64_t tokens);
+/// The problem of a training forward: with TW_SAVE_DENSE_AUTO, room for z and u when the latest
+/// size query answered with it for these tokens. Call with the state's mutex held.
+FfnProblem training_forward_problem(const twFfnDescr &ffn, const CudaFfnState &st, int64_t tokens);
 
 /// twFfnGetStats: the statistics of the last forward (blocking by contract); also steers the next
 /// forward's path at once.

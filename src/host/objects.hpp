@@ -97,7 +97,7 @@ struct twFfnDescr {
     int32_t compression = 8;
     int32_t compute_mode = TW_COMPUTE_DEFAULT;
     int32_t deterministic = 0;
-    int32_t save_dense = 0;  // TW_FFN_ATTR_SAVE_DENSE
+    int32_t save_dense = TW_SAVE_DENSE_AUTO;  // TW_FFN_ATTR_SAVE_DENSE (twSaveDense_t)
     int32_t call_graphs = 1;  // TW_FFN_ATTR_CALL_GRAPHS
     int32_t algorithm = TW_FFN_ALG_DEFAULT;  // TW_FFN_ATTR_ALGORITHM
     float *l1_output = nullptr;             // TW_FFN_ATTR_L1_OUTPUT

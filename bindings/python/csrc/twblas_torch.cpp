@@ -429,10 +429,11 @@ class Ffn {
               "twFfnUpdateWeights");
     }
 
-    // with `mu` held: TW_FFN_ATTR_SAVE_DENSE, set when it changes
+    // with `mu` held: TW_FFN_ATTR_SAVE_DENSE, set when it changes: ALWAYS, or the library's
+    // choice (AUTO: room for g and u when the step will run in dense mode)
     void set_save_dense(bool on) {
         if (on == save_dense_) return;
-        int32_t flag = on ? 1 : 0;
+        int32_t flag = on ? TW_SAVE_DENSE_ALWAYS : TW_SAVE_DENSE_AUTO;
         check(twFfnSetAttribute(d_, TW_FFN_ATTR_SAVE_DENSE, &flag, sizeof flag), nullptr, "twFfnSetAttribute");
         save_dense_ = on;
     }

@@ -97,10 +97,11 @@ def sparse_ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor
     """y = (ReLU(x w_gate^T) * (x w_up^T)) w_down^T, or ReLU(x w_up^T) w_down^T with w_gate None;
     and l1 = mean over tokens of sum_j |h_tj|. Differentiable in x, every weight and through l1.
 
-    save_dense (CUDA, 16-bit): when a training step runs in dense mode (activations too dense
-    for the sparse path, as at the start of training), keep g and u of every token for the
-    backward (4 bytes x tokens x H more for bf16, held until the backward) so that the step
-    runs at the dense step's speed instead of recomputing them. Results are the same."""
+    A training step in dense mode (CUDA, 16-bit: activations too dense for the sparse path, as at
+    the start of training) keeps g and u of every token for the backward (4 bytes x tokens x H
+    for bf16, held until the backward), so that it runs at the dense step's speed; sparse steps
+    keep only the active units'. save_dense=True reserves that room in every step, dense mode or
+    not (TW_SAVE_DENSE_ALWAYS). Results are the same either way."""
     if torch.compiler.is_compiling():
         # traced: ffn_forward (fake kernel above, autograd from C++) with `training` decided here
         training = torch.is_grad_enabled() and any(

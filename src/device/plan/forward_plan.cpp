@@ -130,6 +130,16 @@ ServePlan serve_plan(const PlanInput &in, const FfnTuning &t, bool writes_h) {
 
 }  // namespace
 
+bool dense_mode_wanted(int64_t tokens, const PlanFeedback &fb, const FfnTuning &t) {
+    return fb.dense_mode || (fb.dense_row_fraction > 0.0 && tokens <= t.dense_rows_dense_mode_max_tokens);
+}
+
+bool training_dense_mode_likely(const PlanInput &in, const PlanFeedback &fb, const FfnTuning &t) {
+    if (!in.training || in.m <= 0 || dense_refuses(in)) return false;
+    if (in.algorithm == TW_FFN_ALG_DENSE) return true;
+    return in.algorithm == TW_FFN_ALG_DEFAULT && dense_mode_wanted(in.m, fb, t);
+}
+
 ForwardPlan plan_forward(const PlanInput &in, const PlanFeedback &fb, const FfnTuning &t) {
     ForwardPlan plan;
     const twFfnAlgorithm_t alg = in.m > 0 ? in.algorithm : TW_FFN_ALG_DEFAULT;  // no tokens: nothing runs
@@ -159,8 +169,7 @@ ForwardPlan plan_forward(const PlanInput &in, const PlanFeedback &fb, const FfnT
             plan.path = FfnPath::Serve;
         else if (!decode_refuses(in) && gathers)
             plan.path = FfnPath::Decode;
-        else if (!dense_refuses(in) && in.m > 0 &&
-                 (fb.dense_mode || (fb.dense_row_fraction > 0.0 && in.m <= t.dense_rows_dense_mode_max_tokens)))
+        else if (!dense_refuses(in) && in.m > 0 && dense_mode_wanted(in.m, fb, t))
             plan.path = FfnPath::DenseMode;
         else
             plan.path = in.training || in.fp8 || in.m >= t.two_pass_min_tokens ? FfnPath::TwoPass : FfnPath::Fused;

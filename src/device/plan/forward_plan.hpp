@@ -77,6 +77,15 @@ struct ForwardPlan {
     ServePlan serve;
 };
 
+/// Whether DEFAULT's plan would take dense mode for `tokens` tokens after this feedback, where
+/// dense mode can run: after a forward that chose it, or one with rows on the dense path at few
+/// tokens.
+bool dense_mode_wanted(int64_t tokens, const PlanFeedback &fb, const FfnTuning &t);
+/// Whether a training forward of `tokens` tokens planned now would run in dense mode as far as
+/// the FFN alone tells (the call's Y layout may still rule it out): the room that
+/// TW_SAVE_DENSE_AUTO gives the saved state.
+bool training_dense_mode_likely(const PlanInput &in, const PlanFeedback &fb, const FfnTuning &t);
+
 /// The plan of a call. A pinned algorithm (in.algorithm) that cannot run this call throws
 /// TW_STATUS_NOT_SUPPORTED saying why; DEFAULT always has a plan.
 ForwardPlan plan_forward(const PlanInput &in, const PlanFeedback &fb, const FfnTuning &t);
