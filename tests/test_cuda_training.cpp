@@ -226,6 +226,11 @@ TEST_CASE("CUDA training: by default a dense-mode step sized after the statistic
                 CHECK(r.saved_bytes == r.saved_bytes_before);
                 check_train(c, r, want);
             }
+            SECTION("never, in the warm step's saved state") {
+                TrainCase never = c;
+                never.save_dense = TW_SAVE_DENSE_NEVER;
+                check_train(never, run_train(never, data, kBackend, TrainRun().warmed_with(&warm.x)), want);
+            }
             SECTION("never") {
                 TrainCase never = c;
                 never.save_dense = TW_SAVE_DENSE_NEVER;

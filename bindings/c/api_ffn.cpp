@@ -406,7 +406,7 @@ twStatus_t twSpGEMMFusedForwardTrain(twHandle_t h, twFfnDescr_t ffn, twDnMatDesc
         check_forward_overlap(x, y);
         if (x.rows == 0) return TW_STATUS_SUCCESS;  // touches nothing: saved and workspace may be NULL
         require_saved(ctx, saved);
-        const ByteRange sv = byte_range(saved, ctx.impl->ffn_saved_bytes(f, x.rows));
+        const ByteRange sv = byte_range(saved, ctx.impl->ffn_saved_extent(f, x.rows, saved, false));
         require_disjoint(sv, "saved", byte_range(x), "X");
         require_disjoint(sv, "saved", byte_range(y), "Y");
         const ByteRange ws = require_workspace(ctx, workspace, ctx.impl->ffn_forward_workspace(f, x.rows));
@@ -486,7 +486,7 @@ twStatus_t twSpGEMMFusedBackward(twHandle_t h, twFfnDescr_t ffn, twDnMatDescr_t 
             return TW_STATUS_SUCCESS;
         }
         require_saved(ctx, saved);
-        const ByteRange sv = byte_range(saved, ctx.impl->ffn_saved_bytes(f, x.rows));
+        const ByteRange sv = byte_range(saved, ctx.impl->ffn_saved_extent(f, x.rows, saved, true));
         const ByteRange ws = require_workspace(ctx, workspace, ctx.impl->ffn_backward_workspace(f, x.rows));
         require_disjoint(ws, "workspace", byte_range(x), "X");
         require_disjoint(ws, "workspace", byte_range(dy), "dY");

@@ -184,6 +184,9 @@ class CudaBackend final : public Backend {
     size_t ffn_saved_bytes(const twFfnDescr &ffn, int64_t tokens) override {
         return cuda::saved_layout(cuda::saved_size_problem(ffn, tokens)).total;
     }
+    size_t ffn_saved_extent(const twFfnDescr &ffn, int64_t tokens, const void *saved, bool backward) override {
+        return cuda::saved_extent(ffn, tokens, saved, backward);
+    }
     void ffn_forward_train(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y, void *saved,
                            void *workspace) override {
         cuda::training_problem_of(ffn, x.rows);  // the token limit

@@ -164,6 +164,20 @@ FfnProblem training_forward_problem(const twFfnDescr &ffn, const CudaFfnState &s
     return p;
 }
 
+size_t saved_extent(const twFfnDescr &ffn, int64_t tokens, const void *saved, bool backward) {
+    CudaFfnState &st = state_of(ffn);
+    std::lock_guard<std::mutex> lock(st.mutex);
+    FfnProblem p = training_forward_problem(ffn, st, tokens);
+    if (backward) {
+        const TrainForwards::Record *r = st.train_forwards.find(saved, tokens);
+        if (r && r->kept_z_u)
+            p.save_dense = true;
+        else if (ffn.save_dense == TW_SAVE_DENSE_AUTO)
+            p.save_dense = false;
+    }
+    return saved_layout(p).total;
+}
+
 twFfnStats_t read_ffn_stats(cudaStream_t stream, CudaFfnState &st) {
     FfnDeviceStats d{};
     check(cudaMemcpyAsync(&d, &st.stats_block()->last, sizeof d, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");

@@ -145,6 +145,11 @@ FfnProblem saved_size_problem(const twFfnDescr &ffn, int64_t tokens);
 /// size query answered with it for these tokens. Call with the state's mutex held.
 FfnProblem training_forward_problem(const twFfnDescr &ffn, const CudaFfnState &st, int64_t tokens);
 
+/// Bytes of `saved` a training forward of `tokens` tokens will write (backward = false), or that
+/// the forward which wrote it wrote (backward = true: z and u only where it kept them). For the
+/// overlap checks: unlike saved_size_problem it changes nothing.
+size_t saved_extent(const twFfnDescr &ffn, int64_t tokens, const void *saved, bool backward);
+
 /// twFfnGetStats: the statistics of the last forward (blocking by contract); also steers the next
 /// forward's path at once.
 twFfnStats_t read_ffn_stats(cudaStream_t stream, CudaFfnState &st);

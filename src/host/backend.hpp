@@ -105,7 +105,14 @@ class Backend {
     /// the reference; any other backend must override it (the default refuses with
     /// NOT_SUPPORTED rather than write device memory from the host).
     virtual void fill_zero(const twDnMatDescr &m);
+    /// twSpGEMMFusedSaved_bufferSize (a backend may remember its answer: TW_SAVE_DENSE_AUTO).
     virtual size_t ffn_saved_bytes(const twFfnDescr &ffn, int64_t tokens) = 0;
+    /// Bytes of `saved` that a training forward (backward = false) will write, or that the
+    /// forward which wrote it wrote (backward = true): the overlap checks' extent. No side effect.
+    virtual size_t ffn_saved_extent(const twFfnDescr &ffn, int64_t tokens, const void *saved, bool backward) {
+        (void)saved, (void)backward;
+        return ffn_saved_bytes(ffn, tokens);
+    }
     virtual void ffn_forward_train(twFfnDescr &ffn, const twDnMatDescr &x, const twDnMatDescr &y,
                                    void *saved, void *workspace) = 0;
     virtual size_t ffn_backward_workspace(const twFfnDescr &ffn, int64_t tokens) = 0;
