@@ -450,7 +450,9 @@ def sweep_section(results):
             f"From {run.source()}; {SHAPE_NAME[PAPER]}, uniform profiles of k active units a token, default "
             "attributes. Two dense baselines: " + DENSE_FFN + "; and the fused dense FFN (gate and up as one "
             "CUTLASS GEMM of N = 2H whose epilogue forms ReLU(z) u, then the down GEMM), as well-tuned inference "
-            "engines run it. Training: forward + backward against the dense step.", "",
+            "engines run it. Training: forward + backward against the dense step, the saved state sized after "
+            "the FFN settled (as a framework sizing it per step does), so that dense-mode steps keep z and u "
+            "(TW_SAVE_DENSE_AUTO, the default).", "",
             table(["k", "M", "DEFAULT", "FP8", "dense", "fused dense", "vs dense", "vs fused dense", "FP8 vs dense",
                    "training", "dense step", "training vs dense"], body)]
 
