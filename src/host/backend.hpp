@@ -109,6 +109,7 @@ class Backend {
     virtual size_t ffn_saved_bytes(const twFfnDescr &ffn, int64_t tokens) = 0;
     /// Bytes of `saved` that a training forward (backward = false) will write, or that the
     /// forward which wrote it wrote (backward = true): the overlap checks' extent. No side effect.
+    /// The default, for backends whose size query remembers nothing, is that query's answer.
     virtual size_t ffn_saved_extent(const twFfnDescr &ffn, int64_t tokens, const void *saved, bool backward) {
         (void)saved, (void)backward;
         return ffn_saved_bytes(ffn, tokens);
