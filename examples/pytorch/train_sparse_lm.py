@@ -94,7 +94,7 @@ class Block(torch.nn.Module):
 
 
 class LM(torch.nn.Module):
-    def __init__(self, d, layers, heads, d_ff, seq, sparse, save_dense=False):
+    def __init__(self, d, layers, heads, d_ff, seq, sparse, save_dense=None):
         super().__init__()
         self.emb = torch.nn.Embedding(256, d)
         self.pos = torch.nn.Parameter(torch.randn(seq, d) * 0.02)
@@ -215,6 +215,10 @@ def main():
     ap.add_argument("--out", default="runs/train-sparse-lm")
     ap.add_argument("--unit-stats-every", type=int, default=50,
                     help="log each layer's unit firing rates (dead units, the busiest) every N steps")
+    ap.add_argument("--save-dense", default="auto", choices=["auto", "always", "never"],
+                    help="g and u kept for the backward of dense-mode steps (the early steps, before sparsity "
+                         "emerges): when the step runs in dense mode (auto), room in every step, or never (the "
+                         "least memory, slower dense steps); SparseMLP's save_dense None / True / False")
     ap.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp2"],
                     help="under torchrun: DistributedDataParallel, or FSDP2 (fully_shard per block)")
     ap.add_argument("--profile-steps", type=int, default=0,
@@ -242,7 +246,8 @@ def main():
     models, opts = {}, {}
     for name in ("sparse", "dense"):
         torch.manual_seed(args.seed)  # the same initial weights for both
-        m = LM(args.d_model, args.layers, args.heads, d_ff, args.seq, sparse=(name == "sparse")).to(device, dtype)
+        m = LM(args.d_model, args.layers, args.heads, d_ff, args.seq, sparse=(name == "sparse"),
+               save_dense={"auto": None, "always": True, "never": False}[args.save_dense]).to(device, dtype)
         if world > 1 and args.parallel == "fsdp2":
             from torch.distributed.fsdp import fully_shard
 

@@ -1,10 +1,11 @@
 // twblas's PyTorch ops, registered from C++ (TORCH_LIBRARY(twblas)) and loaded by twblas.torch with
 // torch.ops.load_library: a plain shared library (libtorch and libtwblas, no Python ABI).
 //
-//   twblas::sparse_ffn(x, w_gate?, w_up, w_down, save_dense=False) -> (y, l1)
+//   twblas::sparse_ffn(x, w_gate?, w_up, w_down, save_dense=None) -> (y, l1)
 //       what an eager call runs (CompositeImplicitAutograd): training = grad mode and an input
 //       that requires grad; then ffn_forward through the dispatcher
 //   twblas::ffn_forward(x, w_gate?, w_up, w_down, training, save_dense) -> (y, l1, saved)
+//       save_dense: TW_FFN_ATTR_SAVE_DENSE, None AUTO (the library's choice), True ALWAYS, False NEVER
 //       saved: the C API's saved state when training (always when autograd records the call)
 //       CPU and CUDA kernels; its autograd (a torch::autograd::Function) is registered for the
 //       Autograd key and calls ffn_backward
@@ -429,13 +430,13 @@ class Ffn {
               "twFfnUpdateWeights");
     }
 
-    // with `mu` held: TW_FFN_ATTR_SAVE_DENSE, set when it changes: ALWAYS, or the library's
-    // choice (AUTO: room for g and u when the step will run in dense mode)
-    void set_save_dense(bool on) {
-        if (on == save_dense_) return;
-        int32_t flag = on ? TW_SAVE_DENSE_ALWAYS : TW_SAVE_DENSE_AUTO;
-        check(twFfnSetAttribute(d_, TW_FFN_ATTR_SAVE_DENSE, &flag, sizeof flag), nullptr, "twFfnSetAttribute");
-        save_dense_ = on;
+    // with `mu` held: TW_FFN_ATTR_SAVE_DENSE, set when it changes: None is the library's choice
+    // (AUTO: room for g and u when the step will run in dense mode), True ALWAYS, False NEVER
+    void set_save_dense(std::optional<bool> choice) {
+        const int32_t mode = !choice ? TW_SAVE_DENSE_AUTO : *choice ? TW_SAVE_DENSE_ALWAYS : TW_SAVE_DENSE_NEVER;
+        if (mode == save_dense_) return;
+        check(twFfnSetAttribute(d_, TW_FFN_ATTR_SAVE_DENSE, &mode, sizeof mode), nullptr, "twFfnSetAttribute");
+        save_dense_ = mode;
     }
 
     // with `mu` held: a pointer attribute (L1_OUTPUT, L1_COEFF_POINTER) at `p` for the next call.
@@ -451,7 +452,7 @@ class Ffn {
     twFfnDescr_t d_ = nullptr;
     bool gated_;
     bool keeps_copy_ = true;
-    bool save_dense_ = false;
+    int32_t save_dense_ = TW_SAVE_DENSE_AUTO;  // the attribute's default
     void* l1_output_ = nullptr;
     void* l1_coeff_ = nullptr;
     std::optional<WeakImpl> impls_[3];
@@ -547,7 +548,7 @@ Tensor workspace(size_t bytes, const at::TensorOptions& opts) {
 // the kernels (CPU and CUDA alike: the handle's backend follows the tensors' device)
 
 std::tuple<Tensor, Tensor, Tensor> ffn_forward(const Tensor& x, const OptTensor& w_gate, const Tensor& w_up,
-                                               const Tensor& w_down, bool training, bool save_dense) {
+                                               const Tensor& w_down, bool training, std::optional<bool> save_dense) {
     check_inputs(x, w_gate, w_up, w_down);
     const c10::Device dev = x.device();
     c10::OptionalDeviceGuard guard;
@@ -631,7 +632,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> ffn_backward(const Tensor& x, const O
 // autograd (the Autograd key of ffn_forward)
 
 using ForwardFn = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, const Tensor&,
-                                                     bool, bool);
+                                                     bool, std::optional<bool>);
 using BackwardFn = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&,
                                                               const Tensor&, const Tensor&, const Tensor&,
                                                               const Tensor&);
@@ -652,7 +653,7 @@ class FfnFunction : public torch::autograd::Function<FfnFunction> {
   public:
     static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
                                                   const OptTensor& w_gate, const Tensor& w_up, const Tensor& w_down,
-                                                  bool training, bool save_dense) {
+                                                  bool training, std::optional<bool> save_dense) {
         Tensor y, l1, saved;
         {
             at::AutoDispatchBelowADInplaceOrView below;
@@ -691,7 +692,7 @@ bool any_requires_grad(const Tensor& x, const OptTensor& w_gate, const Tensor& w
 }
 
 std::tuple<Tensor, Tensor, Tensor> ffn_forward_autograd(const Tensor& x, const OptTensor& w_gate, const Tensor& w_up,
-                                                        const Tensor& w_down, bool training, bool save_dense) {
+                                                        const Tensor& w_down, bool training, std::optional<bool> save_dense) {
     if (!at::GradMode::is_enabled() || !any_requires_grad(x, w_gate, w_up, w_down)) {
         at::AutoDispatchBelowADInplaceOrView below;  // nothing to record
         return forward_op().call(x, w_gate, w_up, w_down, training, save_dense);
@@ -705,7 +706,7 @@ std::tuple<Tensor, Tensor, Tensor> ffn_forward_autograd(const Tensor& x, const O
 // what the Python layer calls
 
 std::tuple<Tensor, Tensor> sparse_ffn(const Tensor& x, const OptTensor& w_gate, const Tensor& w_up,
-                                      const Tensor& w_down, bool save_dense) {
+                                      const Tensor& w_down, std::optional<bool> save_dense) {
     const bool training = at::GradMode::is_enabled() && x.defined() && w_up.defined() && w_down.defined() &&
                           any_requires_grad(x, w_gate, w_up, w_down);
     auto [y, l1, saved] = forward_op().call(x, w_gate, w_up, w_down, training, save_dense);
@@ -767,9 +768,9 @@ TORCH_LIBRARY(twblas, m) {
 #else
     m.impl_abstract_pystub("twblas._ops");
 #endif
-    m.def("sparse_ffn(Tensor x, Tensor? w_gate, Tensor w_up, Tensor w_down, bool save_dense=False) -> (Tensor y, "
+    m.def("sparse_ffn(Tensor x, Tensor? w_gate, Tensor w_up, Tensor w_down, bool? save_dense=None) -> (Tensor y, "
           "Tensor l1)");
-    m.def("ffn_forward(Tensor x, Tensor? w_gate, Tensor w_up, Tensor w_down, bool training, bool save_dense) -> "
+    m.def("ffn_forward(Tensor x, Tensor? w_gate, Tensor w_up, Tensor w_down, bool training, bool? save_dense) -> "
           "(Tensor y, Tensor l1, Tensor saved)");
     m.def("ffn_backward(Tensor x, Tensor? w_gate, Tensor w_up, Tensor w_down, Tensor saved, Tensor dy, Tensor dl1) "
           "-> (Tensor dx, Tensor dw_gate, Tensor dw_up, Tensor dw_down)");

@@ -77,13 +77,15 @@ def test_forward_and_gradients_match_dense(device, gated, dtype, tol, shape):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("gated", [True, False])
-def test_save_dense_steps_match_dense(device, gated):
+@pytest.mark.parametrize("save_dense", [None, True, False])
+def test_save_dense_steps_match_dense(device, gated, save_dense):
     # dense activations (about half the units fire): after the first step the CUDA backend runs
-    # the step in dense mode and, with save_dense, its backward from the kept g and u
+    # the step in dense mode and its backward from the kept g and u (None: the library's choice,
+    # True: always room for them) or, with False, from g and u recomputed
     torch.manual_seed(5 + gated)
     dtype, tol = (torch.bfloat16, 2e-2) if device == "cuda" else (torch.float32, 1e-5)
     dense = DenseMLP(64, 256, gated, dtype, device)
-    mlp = SparseMLP(64, 256, gated=gated, device=device, dtype=dtype, save_dense=True)
+    mlp = SparseMLP(64, 256, gated=gated, device=device, dtype=dtype, save_dense=save_dense)
     mlp.load_state_dict(dense.state_dict())
     x = torch.randn(300, 64, dtype=dtype, device=device, requires_grad=True)
     dy = torch.randn(300, 64, dtype=dtype, device=device)

@@ -93,15 +93,17 @@ def _(x, w_gate, w_up, w_down, saved, dy, dl1):
 
 
 def sparse_ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
-               save_dense: bool = False) -> Tuple[Tensor, Tensor]:
+               save_dense: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
     """y = (ReLU(x w_gate^T) * (x w_up^T)) w_down^T, or ReLU(x w_up^T) w_down^T with w_gate None;
     and l1 = mean over tokens of sum_j |h_tj|. Differentiable in x, every weight and through l1.
 
     A training step in dense mode (CUDA, 16-bit: activations too dense for the sparse path, as at
     the start of training) keeps g and u of every token for the backward (4 bytes x tokens x H
     for bf16, held until the backward), so that it runs at the dense step's speed; sparse steps
-    keep only the active units'. save_dense=True reserves that room in every step, dense mode or
-    not (TW_SAVE_DENSE_ALWAYS). Results are the same either way."""
+    keep only the active units'. save_dense: None (the default) lets the library choose so;
+    True reserves that room in every step, dense mode or not (TW_SAVE_DENSE_ALWAYS); False never
+    keeps them, the least memory (TW_SAVE_DENSE_NEVER: a dense-mode step recomputes g and u, two
+    GEMMs more). Results are the same either way."""
     if torch.compiler.is_compiling():
         # traced: ffn_forward (fake kernel above, autograd from C++) with `training` decided here
         training = torch.is_grad_enabled() and any(
@@ -133,7 +135,7 @@ class SparseMLP(torch.nn.Module):
     down_proj.weight is kept in the layout the kernels read in place (down_weight_in_place_layout)."""
 
     def __init__(self, d_model: int, d_ff: int, gated: bool = True, device=None, dtype=None,
-                 save_dense: bool = False):
+                 save_dense: Optional[bool] = None):
         super().__init__()
         self.save_dense = save_dense  # see sparse_ffn
         kw = {"device": device, "dtype": dtype}

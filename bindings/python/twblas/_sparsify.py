@@ -24,6 +24,8 @@ by accelerate (device_map offloading hooks; sparsify before dispatching). strict
 such modules as they are instead (the model then mixes dense and twblas MLPs).
 """
 
+from typing import Optional
+
 import torch
 
 from ._ops import SparseMLP
@@ -118,7 +120,7 @@ def _problem(name, module, kind, model):
     return None
 
 
-def _replacement(module, down_in_place: bool, save_dense: bool):
+def _replacement(module, down_in_place: bool, save_dense: Optional[bool]):
     names = [n for n in ("gate_proj", "up_proj", "down_proj") if getattr(module, n, None) is not None]
     if down_in_place:
         # shares the Parameters and re-lays down_proj.weight's storage for the kernels
@@ -144,7 +146,7 @@ def _replacement(module, down_in_place: bool, save_dense: bool):
 
 
 def sparsify(model: torch.nn.Module, strict: bool = True, return_count: bool = False,
-             down_in_place: bool = True, save_dense: bool = False):
+             down_in_place: bool = True, save_dense: Optional[bool] = None):
     """Replaces every ReLU MLP of `model` (see the module's docstring) by a twblas SparseMLP
     sharing its Parameters, in place. Returns the model; with return_count=True, (model, n)
     where n is the number of MLPs replaced.
