@@ -32,7 +32,8 @@
 // The benchmark uses the public C API only (and src/testing, which does not use the library) and
 // links libtwblas.so, so that one binary can time two builds: LD_LIBRARY_PATH=<old build>/src.
 // Files: common.{hpp,cpp} (problem cache, timing, verification, registration helpers),
-// bench_inference.cpp, bench_training.cpp, and this one (suites, main).
+// bench_inference.cpp, bench_training.cpp, read_floor.cu (the read floor's kernel), and this one
+// (suites, main).
 //
 //   twblas-bench [--tuning=name=value,...] [--algorithm=N] [--suite=full|profiles|decode|train|train-eager|eager|serving|serving-paper|
 //                         serving-llama|crossover|crossover-serve|dense-crossover|heavy-rows|conversions|fp8|
@@ -46,10 +47,13 @@
 // crossover-serve: M = 128 to 256 in steps of 32, both shapes and Llama-3.2-3B's (3072 x 8192, also
 // M = 16), where the serving path and serve_gate end for gates near 25 M weights. Suite
 // serving: M = 1 to 512 (powers of two), both shapes, uniform-29 and llm-29, graph and eager,
-// with the copy bandwidth measured first; twblas points carry need_bw (bytes that must move per
-// second: Wg, the union of the batch's active rows of Wu and Wd, X and Y); serving-paper and
-// serving-llama run one shape each (the whole suite takes longer than one 10-minute device call:
-// the paper's shape alone took about 9.5 minutes on an H100). Suite conversions
+// with the copy bandwidth and each shape's read floor measured first (floor/read/d<D>_h<H>/wg: a
+// plain read of Wg's bytes from DRAM, counter read_bw); twblas points carry need_bw (bytes that
+// must move per second: Wg, the union of the batch's active rows of Wu and Wd, X and Y),
+// bytes_needed (those that must be read: all but Y) and read_rate (bytes_needed per second, which
+// scripts/bench-report.py sets against read_bw); serving-paper and serving-llama run one shape
+// each (the whole suite takes longer than one 10-minute device call: the paper's shape alone took
+// about 9.5 minutes on an H100). Suite conversions
 // (bench_conversions.cpp): twblas's dense <-> TwELL / hybrid conversions, validate, info and the
 // hybrid transpose against cuSPARSE's dense <-> CSR on the FFN hidden activation (uniform-29 and
 // llm-29, M = 4096, 16384, 65536), host time per call sequence, with the copy bandwidth first.
@@ -80,6 +84,7 @@ using twbench::register_conversions;
 using twbench::register_copy;
 using twbench::register_eager;
 using twbench::register_group;
+using twbench::register_read_floor;
 using twbench::register_train;
 using twbench::register_train_eager;
 using twbench::Shape;
@@ -96,15 +101,16 @@ void register_suite(const std::string &suite) {
         for (const Shape s : {paper, llama}) register_eager(s, "uniform-29", eager_ms, 512, true);
         return;
     }
-    // the serving sizes: the copy bandwidth first, then M = 1 to 512; serving-paper and
-    // serving-llama are its halves (the same names). On an H100 serving-paper takes more than 560 s:
-    // to stay within a 10-minute limit, run one profile at a time (--benchmark_filter='uniform-29|copy',
-    // then 'llm-29')
+    // the serving sizes: the copy bandwidth first, then per shape its read floor and M = 1 to 512;
+    // serving-paper and serving-llama are its halves (the same names). On an H100 serving-paper
+    // takes more than 560 s: to stay within a 10-minute limit, run one profile at a time
+    // (--benchmark_filter='uniform-29|copy|floor', then 'llm-29|floor')
     if (suite == "serving" || suite == "serving-paper" || suite == "serving-llama") {
         register_copy();
         const std::vector<int64_t> serving_ms{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
         for (const Shape s : {paper, llama}) {
             if ((suite == "serving-paper" && s.d != paper.d) || (suite == "serving-llama" && s.d != llama.d)) continue;
+            register_read_floor(s);
             for (const char *prof : {"uniform-29", "llm-29"}) register_eager(s, prof, serving_ms, 512, true);
         }
         return;

@@ -80,12 +80,11 @@ class TwForward {
     std::unique_ptr<DeviceMemory> ws_;
 };
 
-/// The bytes a forward of M tokens cannot avoid moving: Wg once, the [Wu_j | Wd_j] rows of the
-/// units active for some token of the batch (their union, from instance 0's gate computed by
-/// cuBLAS), X and Y. Counted once per problem and M.
-double needed_bytes(Problem &p, int64_t m) {
-    auto it = p.needed_bytes.find(m);
-    if (it != p.needed_bytes.end()) return it->second;
+/// The units active for some token of the batch (their union), from instance 0's gate computed by
+/// cuBLAS: g > 0 or NaN, as the library decides. Counted once per problem and M.
+int64_t active_union(Problem &p, int64_t m) {
+    auto it = p.union_units.find(m);
+    if (it != p.union_units.end()) return it->second;
     const Shape s = p.shape;
     tt::LtGemm gemm;
     DeviceMemory ws(tt::LtGemm::kWorkspaceBytes), g(bf16_bytes(m * s.h));
@@ -99,17 +98,32 @@ double needed_bytes(Problem &p, int64_t m) {
         std::memcpy(&v, &bits, sizeof v);
         if (v > 0.0f || v != v) used[i % static_cast<size_t>(s.h)] = 1;
     }
-    const double units = static_cast<double>(std::count(used.begin(), used.end(), 1));
-    const double bytes = 2.0 * (static_cast<double>(s.h * s.d) + units * 2.0 * static_cast<double>(s.d) +
-                                2.0 * static_cast<double>(m * s.d));
-    p.needed_bytes[m] = bytes;
-    return bytes;
+    return p.union_units[m] = std::count(used.begin(), used.end(), 1);
 }
 
-/// Counter need_bw: needed_bytes / time per forward, in bytes per second.
+/// The bytes a forward of M tokens cannot avoid reading: X, Wg once, and the union's rows of Wu
+/// and Wd (a plain FFN's gate is Wu, read whole: then only the union's Wd rows).
+double read_bytes(Problem &p, int64_t m) {
+    const Shape s = p.shape;
+    const double rows = (p.host.spec.gated ? 2.0 : 1.0) * static_cast<double>(active_union(p, m));
+    return 2.0 * (static_cast<double>(m * s.d) + static_cast<double>(s.h * s.d) + rows * static_cast<double>(s.d));
+}
+
+/// Counter need_bw: the bytes a forward must move (read_bytes and Y) per second.
 void add_bandwidth_counter(benchmark::State &state, Problem &p, int64_t m) {
-    state.counters["need_bw"] = benchmark::Counter(needed_bytes(p, m), benchmark::Counter::kIsIterationInvariantRate,
-                                                   benchmark::Counter::kIs1000);
+    const double bytes = read_bytes(p, m) + static_cast<double>(bf16_bytes(m * p.shape.d));
+    state.counters["need_bw"] =
+        benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+/// Counters bytes_needed (read_bytes), union_units and read_rate (bytes_needed per second of the
+/// row's time), which bench-report sets against the read floor of the same run (bm_read_floor).
+void add_read_counters(benchmark::State &state, Problem &p, int64_t m) {
+    const double bytes = read_bytes(p, m);
+    state.counters["bytes_needed"] = bytes;
+    state.counters["union_units"] = static_cast<double>(active_union(p, m));
+    state.counters["read_rate"] =
+        benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
 void bm_twblas(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
@@ -117,6 +131,7 @@ void bm_twblas(benchmark::State &state, Shape s, std::string profile, int64_t ma
     TwForward tw(*p, m);
     tw.settle_and_verify(state, 1);
     add_bandwidth_counter(state, *p, m);
+    add_read_counters(state, *p, m);
     auto execs = capture([&](int i) { tw.call(i); });
     time_graphs(state, batch_for(m), execs);
 }
@@ -156,6 +171,23 @@ void bm_copy(benchmark::State &state) {
                                                    benchmark::Counter::kIs1000);
 }
 
+/// A plain read of the shape's gate weights (H x D bf16), replayed from graphs as the serving rows
+/// are (the launch included): the floor of their read_rate, in the same run (counter read_bw).
+/// Each replay reads the next of several copies, at least 256 MiB in all, so that the copy read
+/// is no longer in L2.
+void bm_read_floor(benchmark::State &state, Shape s) {
+    const size_t bytes = bf16_bytes(s.h * s.d), stride = (bytes + 255) / 256 * 256;
+    const int copies = static_cast<int>(std::max<size_t>(2, ((size_t{256} << 20) + bytes - 1) / bytes));
+    DeviceMemory src(stride * static_cast<size_t>(copies)), out(read_floor_out_bytes());
+    auto execs =
+        capture([&](int i) { launch_read_floor(env.stream, src.get<char>() + i * stride, bytes, out.get()); }, copies);
+    time_graphs(state, batch_for(1), execs);
+    state.counters["read_bw"] = benchmark::Counter(
+        static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+    state.counters["bytes"] = static_cast<double>(bytes);
+    state.counters["copies"] = static_cast<double>(copies);
+}
+
 /// twSpGEMMFused called as a C program calls it: no graph, the problem's one handle on the
 /// benchmark's non-blocking stream. Several forwards per instance settle the path first.
 void bm_twblas_eager(benchmark::State &state, Shape s, std::string profile, int64_t max_m, int64_t m) {
@@ -163,6 +195,7 @@ void bm_twblas_eager(benchmark::State &state, Shape s, std::string profile, int6
     TwForward tw(*p, m);
     tw.settle_and_verify(state, 3);
     add_bandwidth_counter(state, *p, m);
+    add_read_counters(state, *p, m);
     time_eager(state, batch_for(m), [&](int run) { tw.call(run % kInstances); });
 }
 
@@ -400,6 +433,16 @@ void register_group(Shape s, const std::string &profile, const std::vector<int64
 
 void register_copy() {
     benchmark::RegisterBenchmark("copy/d2d/256MiB", bm_copy)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->Repetitions(5)
+        ->ReportAggregatesOnly(true)
+        ->MinTime(0.05);
+}
+
+void register_read_floor(Shape s) {
+    const std::string name = "floor/read/d" + std::to_string(s.d) + "_h" + std::to_string(s.h) + "/wg";
+    benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State &st) { bm_read_floor(st, s); })
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond)
         ->Repetitions(5)

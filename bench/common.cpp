@@ -140,7 +140,8 @@ void add_problem_counters(benchmark::State &state, const Problem &p, int64_t m) 
 }
 
 void time_graphs(benchmark::State &state, int batch, std::vector<cudaGraphExec_t> &execs) {
-    time_loop(state, batch, [&](int run) { ck(cudaGraphLaunch(execs[run % kInstances], env.stream), "launch"); });
+    const int n = static_cast<int>(execs.size());
+    time_loop(state, batch, [&](int run) { ck(cudaGraphLaunch(execs[run % n], env.stream), "launch"); });
     for (auto e : execs) cudaGraphExecDestroy(e);
     execs.clear();
 }

@@ -51,7 +51,7 @@ struct Problem {
     twHandle_t handle = nullptr;                                // CUDA backend, on env.stream
     std::vector<twFfnDescr_t> ffn;
     std::map<int64_t, std::vector<uint16_t>> dense_y;  // dense cuBLAS output per M (verification)
-    std::map<int64_t, double> needed_bytes;           // per M: see needed_bytes() in bench_inference.cpp
+    std::map<int64_t, int64_t> union_units;           // per M: see active_union() in bench_inference.cpp
 
     /// Instance `inst`'s weights as the dense baseline takes them.
     tt::DenseFfnWeights weights(int inst) const { return {wgu[inst]->get(), wd_lin[inst]->get(), wd_rows->get()}; }
@@ -132,12 +132,12 @@ void time_eager(benchmark::State &state, int batch, F &&call) {
     state.counters["host_us"] = calls ? host_seconds * 1e6 / static_cast<double>(calls) : 0.0;
 }
 
-/// One captured graph per instance; replaying graphs keeps launch gaps out (as for decode in
-/// performance.md) and shows that the call works under capture.
+/// One captured graph per instance (`count` of them); replaying graphs keeps launch gaps out (as
+/// for decode in performance.md) and shows that the call works under capture.
 template <class F>
-std::vector<cudaGraphExec_t> capture(F &&body) {
+std::vector<cudaGraphExec_t> capture(F &&body, int count = kInstances) {
     std::vector<cudaGraphExec_t> execs;
-    for (int i = 0; i < kInstances; ++i) {
+    for (int i = 0; i < count; ++i) {
         cudaGraph_t g;
         ck(cudaStreamBeginCapture(env.stream, cudaStreamCaptureModeThreadLocal), "begin capture");
         body(i);
@@ -149,7 +149,7 @@ std::vector<cudaGraphExec_t> capture(F &&body) {
     }
     return execs;
 }
-/// Times the replay of captured graphs (time_loop, rotating over the instances), then destroys them.
+/// Times the replay of captured graphs (time_loop, rotating over them), then destroys them.
 void time_graphs(benchmark::State &state, int batch, std::vector<cudaGraphExec_t> &execs);
 
 // ---- registration: ffn/<variant>/d<D>_h<H>/<profile>/m<M> (design/performance.md)
@@ -173,6 +173,14 @@ void register_eager(Shape s, const std::string &profile, const std::vector<int64
                     bool with_graph_replay);
 /// copy/d2d/256MiB: the copy bandwidth, measured in the same run as the serving points.
 void register_copy();
+/// floor/read/d<D>_h<H>/wg: the read floor of the shape's gate weights, measured in the same run
+/// as the serving points.
+void register_read_floor(Shape s);
+// read_floor.cu
+/// Reads `bytes` (a multiple of 16) at `src` (16-byte aligned) once: 16-byte loads, 4 blocks an
+/// SM; writes read_floor_out_bytes() at `out`.
+void launch_read_floor(cudaStream_t stream, const void *src, size_t bytes, void *out);
+size_t read_floor_out_bytes();
 // bench_training.cpp
 /// train_twblas and train_dense at each M; train_twblas_save_dense too when `save_dense`.
 void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool save_dense);

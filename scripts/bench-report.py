@@ -16,6 +16,7 @@ import sys
 from collections import defaultdict
 
 FFN = re.compile(r"^ffn/(?P<variant>[a-z0-9_]+)/d(?P<d>\d+)_h(?P<h>\d+)/(?P<profile>[a-z0-9.+-]+)/m(?P<m>\d+)/")
+FLOOR = re.compile(r"^floor/read/d(?P<d>\d+)_h(?P<h>\d+)/")
 CONV = re.compile(r"^conv/(?P<variant>[a-z0-9_]+)/d(?P<h>\d+)/(?P<profile>[a-z0-9.+-]+)/m(?P<m>\d+)/")
 UNIT = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 PAPER, LLAMA = (2048, 5632), (4096, 14336)
@@ -36,6 +37,7 @@ class Run:
         self.ctx = data.get("context", {})
         self.rows = defaultdict(dict)  # (d, h, profile, m) or ("conv", h, profile, m) -> variant -> entry
         self.copy_bw = None
+        self.read_bw = {}  # (d, h) -> the read floor's rate: its gate weights read once from DRAM
         for b in data.get("benchmarks", []):
             if b.get("aggregate_name") != "median" or b.get("error_occurred"):
                 continue
@@ -43,6 +45,8 @@ class Run:
             entry["ms"] = b["real_time"] * UNIT[b.get("time_unit", "us")]
             if b["name"].startswith("copy/"):
                 self.copy_bw = b.get("copy_bw")
+            elif m := FLOOR.match(b["name"]):
+                self.read_bw[(int(m["d"]), int(m["h"]))] = b.get("read_bw")
             elif m := FFN.match(b["name"]):
                 self.rows[(int(m["d"]), int(m["h"]), m["profile"], int(m["m"]))][m["variant"]] = entry
             elif m := CONV.match(b["name"]):
@@ -84,10 +88,22 @@ def load(results, name):
 
 # ---- serving: 1 to 512 tokens
 
+def serving_keys(run, shape, profile):
+    return sorted(k for k in run.rows if k[:3] == (*shape, profile) and "twblas" in run.rows[k])
+
+
+def read_floor(run, shape, profile):
+    """The shape's read floor (bytes per second) where the run has it and read_rate on its rows."""
+    floor = run.read_bw.get(shape)
+    keys = serving_keys(run, shape, profile)
+    return floor if floor and any(run.get(k, "twblas", "read_rate") for k in keys) else None
+
+
 def serving_table(run, shape, profile):
-    keys = sorted(k for k in run.rows if k[:3] == (*shape, profile) and "twblas" in run.rows[k])
+    keys = serving_keys(run, shape, profile)
     if not keys:
         return None
+    floor = read_floor(run, shape, profile)
     body = []
     for k in keys:
         tw, de = run.get(k, "twblas"), run.get(k, "dense")
@@ -99,8 +115,12 @@ def serving_table(run, shape, profile):
         body.append([str(k[3]), act, ms(tw), ms(de), rx(ratio(de, tw)), ms(te), ms(dee), rx(ratio(dee, te)),
                      "" if host is None else f"{host:.1f} us",
                      "" if bw is None or not run.copy_bw else f"{100 * bw / run.copy_bw:.0f} %"])
+        if floor:
+            rate = run.get(k, "twblas", "read_rate")
+            body[-1].append("" if rate is None else f"{100 * rate / floor:.0f} %")
     return table(["M", "active/token (mean, max)", "twblas", "dense", "vs dense", "twblas eager", "dense eager",
-                  "eager vs dense", "host time / eager call", "bytes' rate / copy rate"], body)
+                  "eager vs dense", "host time / eager call", "bytes' rate / copy rate"]
+                 + (["% of read floor"] if floor else []), body)
 
 
 def serving_section(results):
@@ -119,7 +139,12 @@ def serving_section(results):
         run = load(results, name)
         t = run and serving_table(run, shape, profile)
         if t:
-            out += ["", f"### {run.gpu()}, {SHAPE_NAME[shape]}, {profile}", "", f"From {run.source()}.", "", t]
+            floor = read_floor(run, shape, profile)
+            note = ("" if not floor else
+                    " \"% of read floor\": the bytes the call must read (X, Wg, the Wu and Wd rows of the units "
+                    "active for some token) per second of the graph-replayed call, against a plain kernel reading "
+                    f"Wg's bytes once from DRAM in the same run ({floor / 1e12:.2f} TB/s, launch included).")
+            out += ["", f"### {run.gpu()}, {SHAPE_NAME[shape]}, {profile}", "", f"From {run.source()}.{note}", "", t]
     return out
 
 
