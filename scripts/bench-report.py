@@ -345,6 +345,17 @@ MODE_NAMES = {"prefill": "prefill", "decode-eager": "decode step, eager", "decod
               "train": "training step (AdamW)"}
 
 
+def paired_ratio(dense, twblas):
+    """The median over neighbouring single steps of dense / twblas (bench_model's ms_paired), and
+    the number of pairs; None without them."""
+    a, b = dense.get("ms_paired") or [], twblas.get("ms_paired") or []
+    r = sorted(x / y for x, y in zip(a, b) if y > 0)
+    if not r:
+        return None
+    n = len(r)
+    return (r[n // 2] if n % 2 else 0.5 * (r[n // 2 - 1] + r[n // 2])), n
+
+
 def readme_model_table(results):
     path = os.path.join(results, "h200-model.json")
     if not os.path.exists(path):
@@ -365,7 +376,10 @@ def readme_model_table(results):
         spread = max(d.get("ms_spread") or 0, t.get("ms_spread") or 0)
         if spread > 0.2:  # the rounds disagree: the host, not the variant, set the time
             best = ""
-            if d.get("ms_min") and t.get("ms_min"):  # the fastest iterations: the host's fast state
+            pr = paired_ratio(d, t)
+            if pr:  # neighbouring single steps share the host's state
+                best = f" (single steps in turn: median ratio {rx(pr[0])} over {pr[1]} pairs)"
+            elif d.get("ms_min") and t.get("ms_min"):  # the fastest iterations: the host's fast state
                 best = f" (fastest iterations {d['ms_min']:.1f} / {t['ms_min']:.1f} ms, {rx(ratio(d['ms_min'], t['ms_min']))})"
             noisy.append(f"{MODE_NAMES.get(k[1], k[1])} {shape}{best}")
             continue

@@ -921,6 +921,9 @@ PREPARE = {"prefill": prep_prefill, "decode-eager": prep_decode_eager, "decode-g
 WARMUP = {"prefill": "prefill_warmup", "decode-eager": "decode_warmup", "decode-graph": "decode_warmup",
           "train": "train_warmup"}
 MAX_ITERS = {"prefill": 1000, "decode-eager": "decode_max", "decode-graph": "graph_max", "train": 50}
+# after the rounds, single steps of each variant in turn (ms_paired): a host-bound loop whose host
+# switches between a fast and a slow state shifts whole rounds, not the ratio of neighbouring steps
+PAIRED = {"decode-eager": 40}
 
 
 def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
@@ -931,7 +934,7 @@ def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
     warm = max(2, it[WARMUP[mode]])
     mx = MAX_ITERS[mode]
     mx = it[mx] if isinstance(mx, str) else mx
-    steps = warm + rounds * mx + 8  # calls of fn a variant may make
+    steps = warm + rounds * mx + PAIRED.get(mode, 0) + 8  # calls of fn a variant may make
     preps, held, errors, out = {}, {}, {}, {}
     try:
         for v in variants:
@@ -979,12 +982,24 @@ def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
                 if p is not None:
                     p -= sum(held[u] for u in held if u != v) / 2**30
                 peaks[v].append(p)
+        paired = {v: [] for v in live}
+        for i in range(PAIRED.get(mode, 0)):
+            for v in (live if i % 2 == 0 else live[::-1]):
+                if v in errors:
+                    continue
+                vs.use(v)
+                try:
+                    paired[v].append(time_one(preps[v].fn, clock) * 1e3)
+                except Exception as e:  # noqa: BLE001
+                    errors[v] = e
         for v in live:
             if v in errors:
                 continue
             vs.use(v)
             try:
                 rec = aggregate(loops[v], preps[v].tokens)
+                if paired[v]:
+                    rec["ms_paired"] = [round(x, 4) for x in paired[v]]
                 rec["peak_gib"] = max(peaks[v]) if peaks[v] and peaks[v][0] is not None else None
                 if mode == "train":  # each step's time, in order (steps differ: ms is their mean)
                     rec["ms_iters"] = [round(x, 3) for t in loops[v] for x in t["per"]]
