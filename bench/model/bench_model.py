@@ -1098,8 +1098,8 @@ def main():
     ap.add_argument("--train-batch", type=int, default=None, help="training sequences a step (8: 16k tokens)")
     ap.add_argument("--train-models", default="2b,tiny,learned", help="models the train mode runs on")
     ap.add_argument("--train-lr", type=float, default=0.0,
-                    help="the timed steps' AdamW lr (0: the full update arithmetic, weights left in place, "
-                         "so every step sees the planted sparsity; README.md)")
+                    help="the timed steps' AdamW lr (0: the optimizer's whole pass over parameters and moments, "
+                         "the weights left in place, so every step sees the planted sparsity; README.md)")
     ap.add_argument("--l1-coeff", type=float, default=2e-5, help="the L1 term twblas's training step adds")
     ap.add_argument("--llama-layers", type=int, default=4, help="layers of the Llama-3-8B-shaped model")
     ap.add_argument("--learned-steps", type=int, default=None,
