@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 from collections import defaultdict
 
@@ -349,11 +350,8 @@ def paired_ratio(dense, twblas):
     """The median over neighbouring single steps of dense / twblas (bench_model's ms_paired), and
     the number of pairs; None without them."""
     a, b = dense.get("ms_paired") or [], twblas.get("ms_paired") or []
-    r = sorted(x / y for x, y in zip(a, b) if y > 0)
-    if not r:
-        return None
-    n = len(r)
-    return (r[n // 2] if n % 2 else 0.5 * (r[n // 2 - 1] + r[n // 2])), n
+    r = [x / y for x, y in zip(a, b) if y > 0]
+    return (statistics.median(r), len(r)) if r else None
 
 
 def readme_model_table(results):

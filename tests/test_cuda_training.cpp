@@ -17,6 +17,54 @@
 using namespace twtest;
 namespace tt = twblas::testing;
 
+namespace {
+
+/// Steps in dense mode: small integers (results bit-identical to the reference), D = 72 keeps Y's
+/// rows on 16 bytes (dense mode's condition), M = 512 makes M x hp x 2 bytes a multiple of 256 (the
+/// kept z and u are the saved state's tail). The warm step fires most units of every token, which
+/// puts the FFN in dense mode; the step fires them for every 5th token.
+struct DenseModeSteps {
+    TrainCase c;
+    TrainData warm, data;
+};
+DenseModeSteps dense_mode_steps(TrainCase c) {
+    c.integers = true;
+    c.m = 512;
+    c.d = 72;
+    c.l1 = static_cast<float>(c.m);
+    TrainCase w = c;
+    w.heavy_every = 1;
+    c.heavy_every = 5;
+    return {c, make_data(w), make_data(c)};
+}
+
+/// Bytes of the kept z and u (u for a gated FFN) at the saved state's tail.
+size_t kept_z_u_bytes(const TrainCase &c) { return static_cast<size_t>((c.gated ? 2 : 1) * c.m * ((c.h + 7) / 8 * 8) * 2); }
+
+/// `run` with the kept z and u set to +0 after each forward: every unit then looks inactive to a
+/// backward that reads them.
+TrainRun zeroing_kept(TrainRun run, size_t kept) {
+    run.between = [kept](Buffers &b, void *saved, size_t bytes) {
+        REQUIRE(bytes > kept);
+        b.zero(static_cast<char *>(saved) + (bytes - kept), kept);
+    };
+    return run;
+}
+
+/// The backward read the zeroed z and u: every gradient is +0, and y is the reference's.
+void check_read_zeroed(const TrainCase &c, const TrainResult &r, const TrainExpected &want) {
+    const auto zero = [](const std::vector<double> &g) {
+        return std::all_of(g.begin(), g.end(), [](double e) { return e == 0.0; });
+    };
+    CHECK(zero(r.dx));
+    CHECK(zero(r.dwu));
+    CHECK(zero(r.dwd));
+    if (c.gated) CHECK(zero(r.dwg));
+    CHECK(r.y == want.r.y);  // the forward is not affected
+}
+
+}  // namespace
+
 TEST_CASE("CUDA training: recomputed rows through cuBLAS, past the capacity the statistics suggested, dense mode",
           "[cuda][train]") {
     // a first step with 1 row in 200 on the dense path sets the cuBLAS capacity (128 rows here);
@@ -104,20 +152,14 @@ TEST_CASE("CUDA training: SAVE_DENSE keeps z and u in dense mode, and the backwa
     for (const Variant v : {Variant{true, TW_ORDER_ROW, 601, true}, Variant{false, TW_ORDER_ROW, 601, true},
                             Variant{true, TW_ORDER_COL, 600, true}, Variant{false, TW_ORDER_COL, 600, true},
                             Variant{true, TW_ORDER_COL, 601, false}}) {
-        TrainCase c;
-        c.integers = true;
-        c.gated = v.gated;
-        c.m = 512;  // M x hp x 2 bytes is a multiple of 256: the kept z and u are the state's tail
-        c.d = 72;
-        c.h = v.h;
-        c.x_order = c.grad_order = v.order;
-        c.save_dense = 1;
-        c.l1 = static_cast<float>(c.m);
-        TrainCase w = c;
-        w.heavy_every = 1;
-        const TrainData warm = make_data(w);
-        c.heavy_every = 5;
-        const TrainData data = make_data(c);
+        TrainCase base;
+        base.gated = v.gated;
+        base.h = v.h;
+        base.x_order = base.grad_order = v.order;
+        base.save_dense = TW_SAVE_DENSE_ALWAYS;
+        const DenseModeSteps steps = dense_mode_steps(base);
+        const TrainCase &c = steps.c;
+        const TrainData &warm = steps.warm, &data = steps.data;
         DYNAMIC_SECTION((v.gated ? "gated" : "plain") << (v.order == TW_ORDER_ROW ? " row-major" : " column-major")
                                                       << " H " << v.h) {
             const TrainExpected want = expected_train(c, data);
@@ -133,35 +175,21 @@ TEST_CASE("CUDA training: SAVE_DENSE keeps z and u in dense mode, and the backwa
                 run.sparse_forward_between = true;
                 check_train(c, run_train(c, data, kBackend, run), want);
                 TrainCase recomputed = c;
-                recomputed.save_dense = 0;
+                recomputed.save_dense = TW_SAVE_DENSE_NEVER;
                 check_train(recomputed, run_train(recomputed, data, kBackend, run), want);
             }
             SECTION("moved: recomputed") {
                 check_train(c, run_train(c, data, kBackend, TrainRun().warmed_with(&warm.x).saved_moved()), want);
             }
             SECTION("the kept z and u are what the backward reads") {
-                // z and u set to +0 after the forward: every unit inactive, so every gradient
-                // is zero where the backward reads them, and exact where it recomputes
-                const int64_t hp = (c.h + 7) / 8 * 8;
-                const size_t kept = static_cast<size_t>((c.gated ? 2 : 1) * c.m * hp * 2);
-                TrainRun run = TrainRun().warmed_with(&warm.x);
-                run.between = [kept](Buffers &b, void *saved, size_t bytes) {
-                    REQUIRE(bytes > kept);
-                    b.zero(static_cast<char *>(saved) + (bytes - kept), kept);
-                };
-                const TrainResult r = run_train(c, data, kBackend, run);
-                if (v.reads_kept) {
-                    const auto zero = [](const std::vector<double> &g) {
-                        return std::all_of(g.begin(), g.end(), [](double e) { return e == 0.0; });
-                    };
-                    CHECK(zero(r.dx));
-                    CHECK(zero(r.dwu));
-                    CHECK(zero(r.dwd));
-                    if (c.gated) CHECK(zero(r.dwg));
-                    CHECK(r.y == want.r.y);  // the forward is not affected
-                } else {
+                // z and u set to +0 after the forward: every gradient is zero where the backward
+                // reads them, and exact where it recomputes
+                const TrainResult r =
+                    run_train(c, data, kBackend, zeroing_kept(TrainRun().warmed_with(&warm.x), kept_z_u_bytes(c)));
+                if (v.reads_kept)
+                    check_read_zeroed(c, r, want);
+                else
                     check_train(c, r, want);
-                }
             }
         }
     }
@@ -175,40 +203,23 @@ TEST_CASE("CUDA training: by default a dense-mode step sized after the statistic
     // stays valid: its step recomputes, with the same results. After a sparse step the answer is
     // the compact size again.
     for (const bool gated : {true, false}) {
-        TrainCase c;
-        c.integers = true;
-        c.gated = gated;
-        c.m = 512;
-        c.d = 72;
-        c.h = 601;
-        c.l1 = static_cast<float>(c.m);
-        REQUIRE(c.save_dense == TW_SAVE_DENSE_AUTO);
-        TrainCase w = c;
-        w.heavy_every = 1;
-        const TrainData warm = make_data(w);
-        c.heavy_every = 5;
-        const TrainData data = make_data(c);
-        const size_t kept = static_cast<size_t>((gated ? 2 : 1) * c.m * ((c.h + 7) / 8 * 8) * 2);
+        TrainCase base;
+        base.gated = gated;
+        base.h = 601;
+        REQUIRE(base.save_dense == TW_SAVE_DENSE_AUTO);
+        const DenseModeSteps steps = dense_mode_steps(base);
+        const TrainCase &c = steps.c;
+        const TrainData &warm = steps.warm, &data = steps.data;
+        const size_t kept = kept_z_u_bytes(c);
         DYNAMIC_SECTION((gated ? "gated" : "plain")) {
             const TrainExpected want = expected_train(c, data);
             SECTION("sized after the dense step: kept, and read") {
                 const TrainResult r = run_train(c, data, kBackend, TrainRun().warmed_with(&warm.x).sized_after_warm());
                 CHECK(r.saved_bytes == r.saved_bytes_before + kept);
                 check_train(c, r, want);
-                TrainRun run = TrainRun().warmed_with(&warm.x).sized_after_warm();
-                run.between = [kept](Buffers &b, void *saved, size_t bytes) {
-                    REQUIRE(bytes > kept);
-                    b.zero(static_cast<char *>(saved) + (bytes - kept), kept);
-                };
-                const TrainResult zeroed = run_train(c, data, kBackend, run);
-                const auto zero = [](const std::vector<double> &g) {
-                    return std::all_of(g.begin(), g.end(), [](double e) { return e == 0.0; });
-                };
-                CHECK(zero(zeroed.dx));
-                CHECK(zero(zeroed.dwu));
-                CHECK(zero(zeroed.dwd));
-                if (gated) CHECK(zero(zeroed.dwg));
-                CHECK(zeroed.y == want.r.y);
+                const TrainResult zeroed =
+                    run_train(c, data, kBackend, zeroing_kept(TrainRun().warmed_with(&warm.x).sized_after_warm(), kept));
+                check_read_zeroed(c, zeroed, want);
             }
             SECTION("replayed") {
                 check_train(c, run_train(c, data, kBackend,

@@ -28,11 +28,7 @@ namespace {
 /// The plan's view of a call.
 PlanInput plan_input(const CudaFfnState &st, const twFfnDescr &ffn, const FfnProblem &p, const twDnMatDescr &x,
                      const twDnMatDescr &y, bool training, bool writes_hidden) {
-    PlanInput in;
-    in.m = p.m, in.d = p.d, in.h = p.h, in.dp = p.dp;
-    in.type = p.type;
-    in.gated = p.gated, in.highest = p.highest, in.fp8 = p.fp8, in.deterministic = p.deterministic;
-    in.training = training;
+    PlanInput in = problem_plan_input(ffn, p, training);
     in.writes_hidden = writes_hidden;
     in.x_rows_16b = rows_aligned16(matrix_arg(x));
     in.x_row_major = x.order == TW_ORDER_ROW;
@@ -44,7 +40,6 @@ PlanInput plan_input(const CudaFfnState &st, const twFfnDescr &ffn, const FfnPro
         masked_gate_gemm_fits(p.type, {x.values, x.ld, w.gate, w.gate_ld, p.m, p.h, p.d, nullptr, p.hp, nullptr,
                                        (p.h + 31) / 32});
     in.sm_count = st.sm_count;
-    in.algorithm = static_cast<twFfnAlgorithm_t>(ffn.algorithm);
     return in;
 }
 

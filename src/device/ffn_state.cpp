@@ -140,19 +140,23 @@ FfnProblem training_problem_of(const twFfnDescr &ffn, int64_t tokens) {
     return p;
 }
 
+PlanInput problem_plan_input(const twFfnDescr &ffn, const FfnProblem &p, bool training) {
+    PlanInput in;
+    in.m = p.m, in.d = p.d, in.h = p.h, in.dp = p.dp;
+    in.type = p.type;
+    in.gated = p.gated, in.highest = p.highest, in.fp8 = p.fp8, in.deterministic = p.deterministic;
+    in.training = training;
+    in.algorithm = static_cast<twFfnAlgorithm_t>(ffn.algorithm);
+    return in;
+}
+
 FfnProblem saved_size_problem(const twFfnDescr &ffn, int64_t tokens) {
     FfnProblem p = training_problem_of(ffn, tokens);
     if (ffn.save_dense != TW_SAVE_DENSE_AUTO || !p.cublas_ok() || p.deterministic) return p;
     CudaFfnState &st = state_of(ffn);
     std::lock_guard<std::mutex> lock(st.mutex);
     absorb_feedback(st);
-    PlanInput in;
-    in.m = p.m, in.d = p.d, in.h = p.h, in.dp = p.dp;
-    in.type = p.type;
-    in.gated = p.gated, in.highest = p.highest, in.fp8 = p.fp8, in.deterministic = p.deterministic;
-    in.training = true;
-    in.algorithm = static_cast<twFfnAlgorithm_t>(ffn.algorithm);
-    p.save_dense = training_dense_mode_likely(in, st.feedback_seen, st.tuning);
+    p.save_dense = training_dense_mode_likely(problem_plan_input(ffn, p, true), st.feedback_seen, st.tuning);
     st.dense_room_tokens = p.save_dense ? tokens : -1;
     return p;
 }

@@ -137,6 +137,10 @@ namespace twblas::cuda {
 /// takes fewer than 2^31 / kSavedEll tokens (NOT_SUPPORTED beyond).
 FfnProblem training_problem_of(const twFfnDescr &ffn, int64_t tokens);
 
+/// What the plan knows of a call from the FFN and the problem alone (the call's arguments add
+/// the layouts, the hidden output and whether the masked gate GEMM fits).
+PlanInput problem_plan_input(const twFfnDescr &ffn, const FfnProblem &p, bool training);
+
 /// The problem of a saved-state size query (twSpGEMMFusedSaved_bufferSize). TW_SAVE_DENSE_AUTO:
 /// room for z and u (p.save_dense) when the FFN's statistics put a training forward of `tokens`
 /// tokens in dense mode now; the FFN remembers the answer (dense_room_tokens) for its forwards.
