@@ -115,12 +115,6 @@ TEST_CASE("plan: dense mode from the statistics", "[plan]") {
     CHECK(path_of(paper(3), dense) == FfnPath::Serve);
     CHECK(path_of(paper(4), dense) == FfnPath::DenseMode);
     CHECK(path_of(paper(16384), dense) == FfnPath::DenseMode);
-    CHECK(plan_forward(paper(512), dense, {}).dense_stats_fold);
-    CHECK_FALSE(plan_forward(paper(513), dense, {}).dense_stats_fold);
-    // and only up to a million active values (512 x 1953.1): past it the column sums
-    CHECK(plan_forward(paper(512), {true, 1953.0, 0.0}, {}).dense_stats_fold);
-    CHECK_FALSE(plan_forward(paper(512), {true, 1954.0, 0.0}, {}).dense_stats_fold);
-    CHECK(plan_forward(paper(256), {true, 3000.0, 0.0}, {}).dense_stats_fold);
     // rows on the dense path: dense mode up to 512 tokens, the sparse path with cuBLAS rows past it
     const PlanFeedback heavy{false, 29.0, 0.01};
     CHECK(path_of(paper(300), heavy) == FfnPath::DenseMode);
@@ -320,7 +314,7 @@ TEST_CASE("plan: tuning knobs by name", "[plan]") {
         REQUIRE(get_tuning_knob(t, *n, &v));
         CHECK(set_tuning_knob(t, *n, v));  // every default is in its own range
     }
-    CHECK(names.size() == 19);
+    CHECK(names.size() == 17);
     CHECK(set_tuning_knob(t, "two_pass_min_tokens", 300));
     CHECK(t.two_pass_min_tokens == 300);
     CHECK_FALSE(set_tuning_knob(t, "two_pass_min_tokens", 2.5));

@@ -159,7 +159,7 @@ void launch_hot_units(cudaStream_t stream, const UnitArgs<T> &ua, int64_t h, uns
         check_launch("backward_hot_units");
         return;
     }
-    launch_in_clusters(backward_hot_units<T, G, N>, dim3(units * N, slices), dim3(kUnitThreads * G), N, stream,
+    launch_in_clusters(backward_hot_units<T, G, N>, dim3(units * N, slices), dim3(kUnitThreads * G), N, 0, stream,
                        "cudaLaunchKernelEx(backward_hot_units)", ua);
 }
 

@@ -20,10 +20,10 @@ inline void check_launch(const char *kernel) { check(cudaGetLastError(), kernel)
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
-/// Lets `kernel` take `bytes` of dynamic shared memory: past the 48 KB default only with the
-/// kernel's attribute raised (an attribute of the kernel, not twblas state).
-template <class Kernel> void allow_dynamic_smem(Kernel *kernel, size_t bytes) {
-    if (bytes > 48 * 1024)
+/// Lets `kernel` take `bytes` of dynamic shared memory beside its `static_bytes`: past the 48 KB
+/// default only with the kernel's attribute raised (an attribute of the kernel, not twblas state).
+template <class Kernel> void allow_dynamic_smem(Kernel *kernel, size_t bytes, size_t static_bytes = 0) {
+    if (bytes + static_bytes > 48 * 1024)
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
               "cudaFuncSetAttribute");
 }

@@ -11,16 +11,17 @@
 
 namespace twblas::cuda {
 
-/// `kernel` on `stream` in clusters of `cluster_x` blocks (grid.x a multiple of it).
+/// `kernel` on `stream` in clusters of `cluster_x` blocks (grid.x a multiple of it), with `smem`
+/// bytes of dynamic shared memory.
 template <class... Params, class... Args>
-void launch_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_x, cudaStream_t stream,
-                        const char *what, Args &&...args) {
+void launch_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_x, size_t smem,
+                        cudaStream_t stream, const char *what, Args &&...args) {
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = cluster_x;
     attr.val.clusterDim.y = 1;
     attr.val.clusterDim.z = 1;
-    launch_with_attributes(kernel, grid, block, 0, stream, &attr, 1u, what, std::forward<Args>(args)...);
+    launch_with_attributes(kernel, grid, block, smem, stream, &attr, 1u, what, std::forward<Args>(args)...);
 }
 
 }  // namespace twblas::cuda

@@ -1,16 +1,17 @@
 // Dense mode (16-bit, not deterministic): z = X Wg^T and the up projection of every row by one
-// cuBLAS GEMM of two batches, h by one element-wise pass, then the down projection by cuBLAS;
-// the statistics (which read z and h) on a branch beside the down GEMM, joined before the call's
-// later work. The plan runs it after a forward with many active units, or with rows on the dense
+// cuBLAS GEMM of two batches, h and the statistics by one element-wise pass, then the down
+// projection by cuBLAS, the statistics published on a branch beside it (joined before the call's
+// later work). The plan runs it after a forward with many active units, or with rows on the dense
 // path at a few hundred tokens, where cuBLAS's GEMMs beat the gathers.
 #include "launch/launch.hpp"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "common/check.hpp"
 #include "common/dispatch.hpp"
-#include "kernels/finalize.cuh"
-#include "kernels/pack.cuh"
+#include "common/cluster_launch.cuh"
+#include "kernels/dense_hidden.cuh"
 
 namespace twblas::cuda {
 
@@ -21,24 +22,73 @@ GemmOperand down_t_operand(const FfnWeights &w, const FfnProblem &p) {
     return {w.down, p.d, p.h, w.down_ld, TW_ORDER_COL, p.type};
 }
 
-/// The statistics from z and h (a block per row; the header zeroed by form_hidden). With `stats`
-/// its last block also publishes them (finalize's work).
+/// Up to this many tokens h alone before the down GEMM and the statistics beside it, which
+/// leaves SMs free there; past them one pass forms both before it. H200, llm-29, same call, one
+/// pass against this: 4 / 16 / 64 tokens 30.8 / 31.5 / 35.2 us against 28.6 / 31.0 / 32.3, 256
+/// level (43.7 / 44.0); 512 x 2816 active units 74.6 against 87.9.
+constexpr int64_t kStatsBesideMaxTokens = 64;
+
+/// h and the statistics by one pass (kernels/dense_hidden.cuh): blocks of a few rows (about two
+/// blocks an SM).
 template <class T>
-void launch_dense_stats(cudaStream_t stream, const FfnProblem &p, const FfnScratch &s, const void *z, const void *h,
-                        unsigned long long *neuron_counts, FfnStatsBlock *stats = nullptr, FfnFeedback *publish = nullptr) {
-    const DenseStatsArgs<T> a{static_cast<const T *>(z), static_cast<const T *>(h), s.ldg, p.m, p.h, p.tile, p.slots,
-                              s.row_limit, neuron_counts, s.count, s.row_nnz, s.row_l1, stats, publish, s.header + 1};
-    dense_row_stats<T><<<static_cast<unsigned>(p.m), 32 * kDenseStatsWarps, 0, stream>>>(a);
-    check_launch("dense_row_stats");
+void launch_form_hidden_stats(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b) {
+    const FfnProblem &p = c.p;
+    const FfnScratch &s = c.s;
+    CudaFfnState &st = c.st;
+    const int64_t rows = std::clamp<int64_t>(ceil_div(p.m, 2 * int64_t{st.sm_count}), 1, kHiddenMaxRows);
+    HiddenStatsArgs<T> a{};
+    a.z = static_cast<const T *>(b.z);
+    a.u = static_cast<const T *>(p.gated ? b.up : nullptr);
+    a.h = static_cast<T *>(b.h);
+    a.ldg = s.ldg, a.m = p.m, a.cols = p.h, a.rows_per_block = rows;
+    a.tile = p.tile, a.slots = p.slots, a.row_limit = s.row_limit;
+    a.neuron_counts = st.neuron_counts();
+    a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1, a.header = s.header;
+    const size_t shared = hidden_stats_shared_bytes(s.ldg);
+    const int64_t blocks = std::max<int64_t>(1, ceil_div(p.m, rows));
+    if (st.pdl) {  // compute_90+ code runs: clusters (elsewhere each block adds its own counts)
+        auto *kernel = form_hidden_stats<T, kHiddenCluster>;
+        allow_dynamic_smem(kernel, shared, kHiddenStaticBytes);
+        launch_in_clusters(kernel, dim3(static_cast<unsigned>(ceil_div(blocks, kHiddenCluster) * kHiddenCluster)),
+                           dim3(32 * kHiddenWarps), kHiddenCluster, shared, stream,
+                           "cudaLaunchKernelEx(form_hidden_stats)", a);
+    } else {
+        auto *kernel = form_hidden_stats<T, 1>;
+        allow_dynamic_smem(kernel, shared, kHiddenStaticBytes);
+        kernel<<<static_cast<unsigned>(blocks), 32 * kHiddenWarps, shared, stream>>>(a);
+        check_launch("form_hidden_stats");
+    }
 }
 
-/// The per-unit activation counts, by columns of the gate.
+/// A few tokens: h alone (a thread a 16-byte chunk) ...
 template <class T>
-void launch_count_dense(cudaStream_t stream, const FfnProblem &p, const void *z, int64_t ldz, unsigned long long *counts) {
-    const int64_t rows = count_rows_per_block(p.m);
-    const dim3 grid(static_cast<unsigned>(ceil_div(ldz, 256 * 8)), static_cast<unsigned>(ceil_div(p.m, rows)));
-    count_active_columns<T><<<grid, 256, 0, stream>>>(static_cast<const T *>(z), ldz, p.m, p.h, rows, counts);
-    check_launch("count_active_columns");
+void launch_form_hidden(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b) {
+    const FfnProblem &p = c.p;
+    const FfnScratch &s = c.s;
+    const int64_t chunks = p.m * (s.ldg / 8);
+    form_hidden<T>
+        <<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(chunks, 256), 8 * c.st.sm_count))),
+           256, 0, stream>>>(static_cast<const T *>(b.z), p.gated ? static_cast<const T *>(b.up) : nullptr,
+                             static_cast<T *>(b.h), s.ldg, p.m, p.h, s.header);
+    check_launch("form_hidden");
+}
+
+/// ... and the statistics from z and h, published by the grid's last block (a block a row).
+template <class T>
+void launch_dense_stats(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b) {
+    const FfnProblem &p = c.p;
+    const FfnScratch &s = c.s;
+    CudaFfnState &st = c.st;
+    DenseStatsArgs<T> a{};
+    a.z = static_cast<const T *>(b.z);
+    a.h = static_cast<const T *>(b.h);
+    a.ldg = s.ldg, a.m = p.m, a.cols = p.h;
+    a.tile = p.tile, a.slots = p.slots, a.row_limit = s.row_limit;
+    a.neuron_counts = st.neuron_counts();
+    a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
+    a.stats = st.stats_block(), a.publish = st.feedback.device(), a.ticket = s.header + 1;
+    dense_row_stats<T><<<static_cast<unsigned>(p.m), 32 * kDenseStatsWarps, 0, stream>>>(a);
+    check_launch("dense_row_stats");
 }
 
 template <class T>
@@ -71,24 +121,21 @@ void run_dense_mode_t(cudaStream_t stream, const FfnCall &c, const DenseModeBuff
         zs.gate = b.z;
         run_gate_gemm(stream, st, p, gemm_operand(c.x), zs);
     }
-    const int64_t chunks = p.m * (s.ldg / 8);
-    form_hidden<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(chunks, 256), 8 * st.sm_count))),
-                     256, 0, stream>>>(static_cast<const T *>(b.z), p.gated ? static_cast<const T *>(b.up) : nullptr,
-                                       static_cast<T *>(b.h), s.ldg, p.m, p.h, s.header);
-    check_launch("form_hidden");
-    // the statistics beside the down GEMM, off the path; the GEMM enqueued first, so that its
-    // tiles take the SMs before the statistics' blocks (the other order was 6 % slower)
+    const bool beside = p.m <= kStatsBesideMaxTokens;
+    if (beside)
+        launch_form_hidden<T>(stream, c, b);
+    else
+        launch_form_hidden_stats<T>(stream, c, b);
+    // the statistics published beside the down GEMM (few tokens: all of them; else finalize, one
+    // block); the GEMM enqueued first, so that its tiles take the SMs
     st.branch.mark(stream);
     st.gemm.run(stream, 1.0f, {b.h, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type}, down_t_operand(w, p),
                 {c.y.values, c.y.ld, p.type}, s.lt_workspace, s.lt_bytes);
     const cudaStream_t side = st.branch.fork_from_mark();
-    if (c.plan.dense_stats_fold) {
-        launch_dense_stats<T>(side, p, s, b.z, b.h, st.neuron_counts(), st.stats_block(), st.feedback.device());
-    } else {
-        launch_count_dense<T>(side, p, b.z, s.ldg, st.neuron_counts());
-        launch_dense_stats<T>(side, p, s, b.z, b.h, nullptr);
+    if (beside)
+        launch_dense_stats<T>(side, c, b);
+    else
         launch_finish(side, c, false, 0, nullptr);
-    }
     st.branch.join(stream);
 }
 

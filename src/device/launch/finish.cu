@@ -23,7 +23,9 @@ void launch_finish(cudaStream_t stream, const FfnCall &c, bool dense_l1, int64_t
                    const ActiveMask &gate_mask) {
     const FfnProblem &p = c.p;
     const FfnScratch &s = c.s;
-    const unsigned blocks = static_cast<unsigned>(std::max(1, std::min(264, ceil_div(p.m, kFinalThreads / 32))));
+    // without dense-path rows to sum, block 0 does all of finalize's work
+    const unsigned blocks =
+        dense_l1 ? static_cast<unsigned>(std::max(1, std::min(264, ceil_div(p.m, kFinalThreads / 32)))) : 1u;
     by_type(p.type, [&](auto tag) {
         using T = decltype(tag);
         launch_dependent(finalize<T>, dim3(blocks), dim3(kFinalThreads), 0, stream, c.st.pdl,

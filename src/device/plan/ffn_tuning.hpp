@@ -26,8 +26,6 @@ struct FfnTuning {
     double dense_mode_dense_share = 0.25;              // or more of its rows on the dense path than this
     int64_t dense_rows_dense_mode_max_tokens = 512;    // after rows on the dense path, up to this many tokens
     double dense_mode_gather_share = 0.34;  // few tokens still gather while tokens x units <= H x this
-    int64_t dense_mode_fold_max_tokens = 512;  // one statistics pass publishes (else three kernels)
-    int64_t dense_mode_fold_max_pairs = 1'000'000;  // and only up to this many active (token, unit) pairs
 
     // ---- the sparse paths past serving
     int64_t masked_gate_min_tokens = 257;    // the masked gate GEMM (sm_90a) from here

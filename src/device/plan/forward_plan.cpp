@@ -188,13 +188,8 @@ ForwardPlan plan_forward(const PlanInput &in, const PlanFeedback &fb, const FfnT
 
     switch (plan.path) {
     case FfnPath::Serve: plan.serve = serve_plan(in, t, in.writes_hidden); break;
-    case FfnPath::Decode: break;
-    case FfnPath::DenseMode:
-        // the folded pass counts units by one atomic per active value: past a million values
-        // those contend, and the column sums of the three-kernel form win
-        plan.dense_stats_fold = in.m <= t.dense_mode_fold_max_tokens &&
-                                static_cast<double>(in.m) * fb.mean_active <= static_cast<double>(t.dense_mode_fold_max_pairs);
-        break;
+    case FfnPath::Decode:
+    case FfnPath::DenseMode: break;
     case FfnPath::Fused:
     case FfnPath::TwoPass:
         if (plan.masked_gate) plan.masked_gate_tile_n = masked_gate_tile_n(in.m, in.h, in.sm_count);
@@ -236,8 +231,6 @@ const Knob kKnobs[] = {
     TW_SHARE(dense_mode_dense_share),
     TW_COUNT(dense_rows_dense_mode_max_tokens),
     TW_SHARE(dense_mode_gather_share),
-    TW_COUNT(dense_mode_fold_max_tokens),
-    TW_COUNT(dense_mode_fold_max_pairs),
     TW_COUNT(masked_gate_min_tokens),
     TW_COUNT(two_pass_min_tokens),
     TW_COUNT(fwd_u_lists_max_tokens),

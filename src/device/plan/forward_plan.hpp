@@ -73,7 +73,6 @@ struct ForwardPlan {
     int masked_gate_tile_n = 256; // its tile width, 256 or 192
     bool lists_in_fwd_u = false;  // fwd_u lists its own row from the words
     int64_t cublas_rows = 0;      // rows of the dense list through cuBLAS GEMMs (the rest gathered)
-    bool dense_stats_fold = false;  // dense mode: one statistics pass also publishes
     ServePlan serve;
 };
 
