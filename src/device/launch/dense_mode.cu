@@ -25,7 +25,7 @@ GemmOperand down_t_operand(const FfnWeights &w, const FfnProblem &p) {
 /// Up to this many tokens h alone before the down GEMM and the statistics beside it, which
 /// leaves SMs free there; past them one pass forms both before it. H200, llm-29, same call, one
 /// pass against this: 4 / 16 / 64 tokens 30.8 / 31.5 / 35.2 us against 28.6 / 31.0 / 32.3, 256
-/// level (43.7 / 44.0); 512 x 2816 active units 74.6 against 87.9.
+/// level (43.7 / 44.0); 512 x 2816 active units 73.1 against 87.9 (docs/performance-notes.md).
 constexpr int64_t kStatsBesideMaxTokens = 64;
 
 /// h and the statistics by one pass (kernels/dense_hidden.cuh): blocks of a few rows (about two
