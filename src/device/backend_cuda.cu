@@ -76,6 +76,7 @@ DeviceInfo current_device_info() {
     if (cudaGetDevice(&info.device) == cudaSuccess) {
         cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, info.device);
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, info.device);
+        cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, info.device);
     }
     info.masked_gate = masked_gate_gemm_built() && major == 9;
     info.pdl = major >= 9 && device_code_ptx_version() >= 90;

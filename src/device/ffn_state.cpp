@@ -60,6 +60,7 @@ std::unique_ptr<CudaFfnState> make_ffn_state(const twFfnDescr &ffn, const Device
     st->device = device.device;
     st->masked_gate = device.masked_gate;
     st->pdl = device.pdl;
+    st->smem_optin = device.smem_optin;
     st->stats.reset(sizeof(FfnStatsBlock));
     st->counts.reset(static_cast<size_t>(p.h) * 8);
     st->fp8_q_bytes = static_cast<size_t>(p.h * Fp8Rows::row_bytes(p.dp, p.gated));

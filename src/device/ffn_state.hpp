@@ -1,7 +1,7 @@
 // The CUDA backend's state of one FFN descriptor, made by twCreateFfn: where the kernels read the
 // weights (in place, or the FFN's copy), the device statistics and neuron counts, the statistics
-// feedback that steers the path choice, the cuBLASLt plans and the captured calls. Everything a compute call needs that depends
-// only on the FFN and the shape lives here, so that a call does no other host work.
+// feedback that steers the path choice, the cuBLASLt plans and the captured calls. Everything a compute call needs that
+// depends only on the FFN and the shape lives here, so that a call does no other host work.
 #pragma once
 
 #include <cstdint>
@@ -77,15 +77,16 @@ struct CudaFfnState final : FfnState {
     DeviceBuffer fp8_q, fp8_scale;
     size_t fp8_q_bytes = 0, fp8_scale_bytes = 0;  // what they take (make_ffn_state)
     bool fp8_stale = true;
-    DeviceBuffer stats;               // FfnStatsBlock
-    DeviceBuffer counts;              // per-unit activation counts (H x int64)
+    DeviceBuffer stats;                // FfnStatsBlock
+    DeviceBuffer counts;               // per-unit activation counts (H x int64)
     MappedHost<FfnFeedback> feedback;  // the finishing kernel publishes the statistics here
     int sm_count = 132;
     int64_t hidden = 0;  // H
     int device = 0;
-    bool masked_gate = false;  // the masked gate GEMM runs here (built for sm_90a, an sm_90 GPU)
-    bool pdl = false;          // DeviceInfo::pdl
-    GemmRunner gemm;  // cuBLASLt plans of this FFN's shapes (bounded)
+    bool masked_gate = false;    // the masked gate GEMM runs here (built for sm_90a, an sm_90 GPU)
+    bool pdl = false;            // DeviceInfo::pdl
+    int smem_optin = 48 * 1024;  // DeviceInfo::smem_optin
+    GemmRunner gemm;             // cuBLASLt plans of this FFN's shapes (bounded)
     CallGraphs calls{8};
     StreamBranch branch;  // dense mode's statistics beside its down GEMM; the dense path beside the sparse rows
 
@@ -96,7 +97,7 @@ struct CudaFfnState final : FfnState {
     PlanFeedback feedback_seen;  // what the last published statistics said
     FfnTuning tuning;            // twFfnSetTuning
     TrainForwards train_forwards;
-    int64_t dense_room_tokens = -1;  // TW_SAVE_DENSE_AUTO: tokens of the latest size query that gave room for z, u
+    int64_t dense_room_tokens = -1;    // TW_SAVE_DENSE_AUTO: tokens of the latest size query that gave room for z, u
     ReachablePointers train_pointers;  // the training calls' arguments, checked once each
 
     FfnWeights weights(const FfnProblem &p) const {

@@ -10,6 +10,7 @@ struct DeviceInfo {
     bool masked_gate = false;  // the masked gate GEMM runs here (built for sm_90a, an sm_90 GPU)
     bool pdl = false;  // programmatic dependent launch: an sm_90+ GPU running code compiled for
                        // compute_90+ (the kernels' grid-dependency calls exist only there)
+    int smem_optin = 48 * 1024;  // shared memory a block may take with its attribute raised
 };
 
 /// The current device's; the defaults above where the runtime does not answer (the handle's

@@ -121,7 +121,10 @@ void run_dense_mode_t(cudaStream_t stream, const FfnCall &c, const DenseModeBuff
         zs.gate = b.z;
         run_gate_gemm(stream, st, p, gemm_operand(c.x), zs);
     }
-    const bool beside = p.m <= kStatsBesideMaxTokens;
+    // beside also where a block cannot hold a count for every unit (H past ~48 k on GPUs with
+    // 99 KB of shared memory a block)
+    const bool beside = p.m <= kStatsBesideMaxTokens ||
+                        hidden_stats_shared_bytes(s.ldg) + kHiddenStaticBytes > static_cast<size_t>(st.smem_optin);
     if (beside)
         launch_form_hidden<T>(stream, c, b);
     else
