@@ -30,6 +30,9 @@ struct FfnProblem {
     int64_t weight_bytes() const { return type == TW_R_32F ? 4 : 2; }
     /// Where cuBLAS may run the dense parts: 16-bit values in DEFAULT mode.
     bool cublas_ok() const { return !gate_f32(); }
+    /// Where dense mode may run, and so a saved state keep z and u: where cuBLAS may, never in
+    /// deterministic mode (it would switch paths between calls).
+    bool dense_mode_possible() const { return cublas_ok() && !deterministic; }
 };
 
 /// TW_COMPUTE_FP8_WEIGHTS: the FP8 copy of the up and down rows (kernels/fp8_rows.cuh). Row j =

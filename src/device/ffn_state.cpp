@@ -40,9 +40,8 @@ FfnProblem problem_of(const twFfnDescr &ffn, int64_t tokens) {
     p.deterministic = ffn.deterministic != 0;
     p.tile = ffn.tile_width;
     p.slots = ffn.tile_width / ffn.compression - 1;
-    // dense mode runs only where cuBLAS may (and never in deterministic mode: it would switch);
     // TW_SAVE_DENSE_AUTO's room is the training calls' to decide (saved_size_problem)
-    p.save_dense = ffn.save_dense == TW_SAVE_DENSE_ALWAYS && p.cublas_ok() && !p.deterministic;
+    p.save_dense = ffn.save_dense == TW_SAVE_DENSE_ALWAYS && p.dense_mode_possible();
     return p;
 }
 
@@ -153,7 +152,7 @@ PlanInput problem_plan_input(const twFfnDescr &ffn, const FfnProblem &p, bool tr
 
 FfnProblem saved_size_problem(const twFfnDescr &ffn, int64_t tokens) {
     FfnProblem p = training_problem_of(ffn, tokens);
-    if (ffn.save_dense != TW_SAVE_DENSE_AUTO || !p.cublas_ok() || p.deterministic) return p;
+    if (ffn.save_dense != TW_SAVE_DENSE_AUTO || !p.dense_mode_possible()) return p;
     CudaFfnState &st = state_of(ffn);
     std::lock_guard<std::mutex> lock(st.mutex);
     absorb_feedback(st);
@@ -164,7 +163,7 @@ FfnProblem saved_size_problem(const twFfnDescr &ffn, int64_t tokens) {
 
 FfnProblem training_forward_problem(const twFfnDescr &ffn, const CudaFfnState &st, int64_t tokens) {
     FfnProblem p = training_problem_of(ffn, tokens);
-    if (ffn.save_dense == TW_SAVE_DENSE_AUTO && p.cublas_ok() && !p.deterministic)
+    if (ffn.save_dense == TW_SAVE_DENSE_AUTO && p.dense_mode_possible())
         p.save_dense = st.dense_room_tokens == tokens && tokens > 0;
     return p;
 }

@@ -30,6 +30,15 @@ __device__ inline long long warp_sum(long long v) {
     return v;
 }
 
+/// Whether the TwELL tile this lane belongs to holds more units than its slots: the sum of `n`
+/// over the tile's `lanes` adjacent lanes (a power of two up to 32; every lane of the warp calls
+/// it).
+__device__ inline bool tile_over_slots(int n, int lanes, int slots) {
+    if (lanes == 32) return static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(n))) > slots;
+    for (int o = 1; o < lanes; o <<= 1) n += __shfl_xor_sync(kFullMask, n, o);  // partners inside the tile
+    return n > slots;
+}
+
 /// Row `r` of a matrix into shared memory as `nchunks` 16-byte chunks (zeros past d), by the block.
 template <class T> __device__ inline void stage_row(uint4 *dst, const T *m, int64_t r, int64_t rs, int64_t cs, bool vec,
                                                     int64_t d, int nchunks) {

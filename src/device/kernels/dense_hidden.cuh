@@ -49,21 +49,34 @@ __device__ inline unsigned chunk_activity(const uint4 &zq, int64_t cl, int64_t c
         if (cl + i < cols && relu_active(Chunk<T>::get(zq, i))) mask |= 1u << i;
     const int n = __popc(mask);
     units += n;
-    int tile_units = n;
-    if (lanes_per_tile == 32)
-        tile_units = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(n)));
-    else  // xor partners stay inside the tile's lanes
-        for (int o = 1; o < lanes_per_tile; o <<= 1) tile_units += __shfl_xor_sync(kFullMask, tile_units, o);
-    over |= tile_units > slots;
+    over |= tile_over_slots(n, lanes_per_tile, slots);
     return mask;
+}
+
+/// This lane's 16-byte chunks of kHiddenAhead steps (columns g0 + s * stride + lane * 8, below
+/// ldg) of the rows `a` and `b` (b NULL: zeros), every load in flight before the first is used.
+/// `a` is read once (evict first); `b` too when `b_once`, else it is read beside (the down GEMM
+/// reads h).
+template <class T>
+__device__ inline void load_steps(const T *a, const T *b, bool b_once, int64_t g0, int64_t stride, int lane,
+                                  int64_t ldg, uint4 (&aq)[kHiddenAhead], uint4 (&bq)[kHiddenAhead]) {
+#pragma unroll
+    for (int s = 0; s < kHiddenAhead; ++s) {
+        const int64_t cl = g0 + s * stride + lane * 8;
+        aq[s] = bq[s] = make_uint4(0, 0, 0, 0);
+        if (cl >= ldg) continue;  // ldg is a multiple of 8: whole 16-byte chunks
+        aq[s] = __ldcs(reinterpret_cast<const uint4 *>(a + cl));
+        if (b)
+            bq[s] = b_once ? __ldcs(reinterpret_cast<const uint4 *>(b + cl)) : *reinterpret_cast<const uint4 *>(b + cl);
+    }
 }
 
 /// Blocks of a few rows each: each block's rows one after another, its 8 warps over a row's
 /// 256-column steps side by side (each row's sums: a butterfly a warp, then the warps in order,
-/// as before; the same bits). A lane owns the same columns on every row, so it counts each of
-/// its units' activations in shared memory without atomics (8 x 16 bits a chunk), and the block
-/// (or, with clusters, one rank per column slice) adds them to the global counts once. h is
-/// written +0 past column `cols` up to ldg.
+/// as dense_row_stats sums: both give the same bits). A lane owns the same columns on every row,
+/// so it counts each of its units' activations in shared memory without atomics (8 x 16 bits a
+/// chunk), and the block (or, with clusters, one rank per column slice) adds them to the global
+/// counts once. h is written +0 past column `cols` up to ldg.
 template <class T, int N>
 __global__ void __launch_bounds__(32 * kHiddenWarps) form_hidden_stats(HiddenStatsArgs<T> a) {
     static_assert(Chunk<T>::n == 8, "16-bit values: a lane's 8 columns, a warp's 256");
@@ -89,15 +102,7 @@ __global__ void __launch_bounds__(32 * kHiddenWarps) form_hidden_stats(HiddenSta
         float l1 = 0.0f;
         for (int64_t g0 = static_cast<int64_t>(warp) * 256; g0 < a.ldg; g0 += stride * kHiddenAhead) {
             uint4 zq[kHiddenAhead], uq[kHiddenAhead];
-#pragma unroll
-            for (int s = 0; s < kHiddenAhead; ++s) {  // every step's loads in flight before the first is used
-                const int64_t cl = g0 + s * stride + lane * 8;
-                zq[s] = uq[s] = make_uint4(0, 0, 0, 0);
-                if (cl < a.ldg) {
-                    zq[s] = __ldcs(reinterpret_cast<const uint4 *>(z + cl));
-                    if (u) uq[s] = __ldcs(reinterpret_cast<const uint4 *>(u + cl));
-                }
-            }
+            load_steps<T>(z, u, true, g0, stride, lane, a.ldg, zq, uq);
 #pragma unroll
             for (int s = 0; s < kHiddenAhead; ++s) {
                 const int64_t c0 = g0 + s * stride;
@@ -118,7 +123,7 @@ __global__ void __launch_bounds__(32 * kHiddenWarps) form_hidden_stats(HiddenSta
         }
         units = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(units)));
         over = __any_sync(kFullMask, over);
-        for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, o);
+        l1 = warp_sum(l1);
         if (lane == 0) s_units[row - r0][warp] = units, s_l1[row - r0][warp] = l1, s_over[row - r0][warp] = over;
     }
     __syncthreads();
@@ -212,9 +217,7 @@ struct DenseStatsArgs {
     unsigned long long *neuron_counts;  // NULL: not counted here
     int32_t *count, *row_nnz;
     float *row_l1;
-    // a few tokens: the grid's last block reduces and publishes the statistics (finalize's work,
-    // a launch fewer at the serving sizes); NULL: finalize does
-    FfnStatsBlock *stats;
+    FfnStatsBlock *stats;  // the grid's last block reduces and publishes the statistics here
     FfnFeedback *publish;
     uint32_t *ticket;  // zeroed before the grid
 };
@@ -226,8 +229,8 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseSt
     const int warp = static_cast<int>(threadIdx.x / 32);
     const int lane = threadIdx.x & 31;
     const int64_t row = blockIdx.x;
-    uint4 last_record = make_uint4(0, 0, 0, 0);  // loaded now, its latency hidden (a.stats)
-    if (a.stats && threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
+    uint4 last_record = make_uint4(0, 0, 0, 0);  // loaded now, its latency hidden
+    if (threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
     const int lanes_per_tile = a.tile / 8;
     const T *z = a.z + row * a.ldg, *h = a.h + row * a.ldg;
     int units = 0;
@@ -236,15 +239,7 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseSt
     const int64_t stride = int64_t{256} * warps;  // this warp's steps: warp, warp + warps, ...
     for (int64_t g0 = static_cast<int64_t>(warp) * 256; g0 < a.cols; g0 += stride * kHiddenAhead) {
         uint4 zq[kHiddenAhead], hq[kHiddenAhead];
-#pragma unroll
-        for (int s = 0; s < kHiddenAhead; ++s) {  // every step's loads in flight before the first is used
-            const int64_t cl = g0 + s * stride + lane * 8;
-            zq[s] = hq[s] = make_uint4(0, 0, 0, 0);
-            if (cl < a.ldg) {  // ldg is a multiple of 8: whole 16-byte chunks
-                zq[s] = __ldcs(reinterpret_cast<const uint4 *>(z + cl));
-                hq[s] = *reinterpret_cast<const uint4 *>(h + cl);  // the down GEMM reads h beside
-            }
-        }
+        load_steps<T>(z, h, false, g0, stride, lane, a.ldg, zq, hq);
 #pragma unroll
         for (int s = 0; s < kHiddenAhead; ++s) {
             const int64_t c0 = g0 + s * stride;
@@ -260,7 +255,7 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseSt
     // the row's sums: each warp's butterfly, then the warps in order
     units = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(units)));
     over = __any_sync(kFullMask, over);
-    for (int o = 16; o > 0; o >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, o);
+    l1 = warp_sum(l1);
     __shared__ float l1s[kDenseStatsWarps];
     __shared__ int totals[kDenseStatsWarps], overs[kDenseStatsWarps];
     if (lane == 0) l1s[warp] = l1, totals[warp] = units, overs[warp] = over;
@@ -275,14 +270,11 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseSt
         // for a batch with such rows, the plan's dense_rows_dense_mode_max_tokens) is measured here too
         a.count[row] = row_count_code(row_total, row_over, a.row_limit);
         a.row_l1[row] = row_l1;
-        last = false;
-        if (a.stats) {  // release the row, then the ticket; the last block acquires
-            __threadfence();
-            last = atomicAdd(a.ticket, 1u) == static_cast<unsigned>(a.m - 1);
-            if (last) __threadfence();
-        }
+        // release the row, then the ticket; the last block acquires
+        __threadfence();
+        last = atomicAdd(a.ticket, 1u) == static_cast<unsigned>(a.m - 1);
+        if (last) __threadfence();
     }
-    if (!a.stats) return;  // the same for every thread of the grid
     __syncthreads();
     // up to 32 rows one warp's reduction
     if (last && a.m <= 32 && threadIdx.x < 32)

@@ -123,13 +123,6 @@ __device__ inline void list_word_units(const MaskListArgs &a, uint16_t *idx, uin
     }
 }
 
-/// Whether the tile this lane's word belongs to holds more units than its slots (the tile's
-/// words are `words_per_tile` adjacent lanes).
-__device__ inline bool tile_over_slots(int n, int words_per_tile, int slots) {
-    for (int o = 1; o < words_per_tile; o <<= 1) n += __shfl_xor_sync(kFullMask, n, o);
-    return n > slots;
-}
-
 /// Zeroes the values of a gate row at its inactive units (the masked GEMM wrote only the active
 /// ones), so that the dense path reads the row whole: one warp, 8-column chunks over its lanes,
 /// chunks without an active unit written without being read.
