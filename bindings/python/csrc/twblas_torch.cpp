@@ -431,7 +431,7 @@ class Ffn {
     }
 
     // with `mu` held: TW_FFN_ATTR_SAVE_DENSE, set when it changes: None is the library's choice
-    // (AUTO: room for g and u when the step will run in dense mode), True ALWAYS, False NEVER
+    // (AUTO: room for z and u when the step will run in dense mode), True ALWAYS, False NEVER
     void set_save_dense(std::optional<bool> choice) {
         const int32_t mode = !choice ? TW_SAVE_DENSE_AUTO : *choice ? TW_SAVE_DENSE_ALWAYS : TW_SAVE_DENSE_NEVER;
         if (mode == save_dense_) return;
