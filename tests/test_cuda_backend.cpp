@@ -268,14 +268,11 @@ TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the refer
 }
 
 TEST_CASE("CUDA FFN: dense mode, gated, 1000 tokens x 4500 units of small integers: y bit-identical",
-          "[cuda][ffn][!mayfail]") {
-    // Open: on an H200 about 12,000 of the 40,000 values of y differ from the reference (the
-    // same count whichever kernels form h and the statistics), while the plain FFN of this shape,
-    // the per-unit counts and the statistics match. Every sum here is an integer below 2^24, so
-    // any order gives the same bits. Suspected, not yet checked: cuBLASLt splitting the down
-    // GEMM's K (4500; N = 40) and adding the parts in bf16 (reduction schemes INPLACE and
-    // OUTPUT_TYPE; lt_gemm.cpp does not mask them out). The plain FFN's partial sums stay near
-    // or below 256, exact in bf16; the gated one's do not.
+          "[cuda][ffn]") {
+    // Every sum here is an integer below 2^24, so any order of summation gives the same bits, but
+    // a split-K GEMM that adds its parts in the output's 16-bit type (cuBLASLt's INPLACE and
+    // OUTPUT_TYPE reduction schemes) rounds them: the down GEMM (K = 4500, N = 40) takes split K,
+    // and its partial sums are past bf16's integers. lt_gemm.cpp allows the fp32 scheme only.
     FfnCase c;
     c.integers = true;
     c.m = 1000;

@@ -96,6 +96,10 @@ GemmRunner::Plan &GemmRunner::plan_for(const GemmOperand &a, const GemmOperand &
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
     uint64_t ws = workspace_bytes;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    // split-K parts are added in fp32 only: the INPLACE and OUTPUT_TYPE schemes add them in the
+    // output's 16-bit type, a rounding the library's numerics do not have
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->op, plan->lb, plan->la, plan->lz, plan->lz,
