@@ -102,6 +102,24 @@ class Buffers {
     /// `m` as an output on the backend: itself, or a device copy that fetch() copies back.
     twDnMatDescr_t output(Dense &m) { return mirror(m, &m); }
 
+    /// Rows [row0, row0 + rows) of the row-major matrix `whole` (a descriptor of these Buffers),
+    /// as a descriptor of the same memory.
+    twDnMatDescr_t rows_of(twDnMatDescr_t whole, int64_t row0, int64_t rows) {
+        int64_t r = 0, c = 0, ld = 0;
+        void *values = nullptr;
+        twDataType_t t{};
+        twOrder_t order{};
+        REQUIRE(twDnMatGet(whole, &r, &c, &ld, &values, &t, &order) == TW_STATUS_SUCCESS);
+        REQUIRE(order == TW_ORDER_ROW);
+        REQUIRE(row0 + rows <= r);
+        const size_t elem = t == TW_R_32F ? 4 : 2;
+        twDnMatDescr_t d = nullptr;
+        REQUIRE(twCreateDnMat(&d, rows, c, ld, static_cast<char *>(values) + static_cast<size_t>(row0 * ld) * elem, t,
+                              order) == TW_STATUS_SUCCESS);
+        dense_.push_back(d);
+        return d;
+    }
+
     /// `bytes` (at least one) of backend memory holding garbage, never zeros.
     void *memory(size_t bytes) {
 #if defined(TWTEST_BACKEND_CUDA)

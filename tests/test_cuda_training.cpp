@@ -142,18 +142,23 @@ TEST_CASE("CUDA training: SAVE_DENSE keeps z and u in dense mode, and the backwa
     // the backward reads them (row-major gradients, or column-major ones whose leading
     // dimension H is a whole number of 16-byte chunks) or recomputes (column-major with H = 601:
     // cuBLAS cannot write those; or a saved state moved to another address). D = 72 keeps Y's
-    // rows on 16 bytes (dense mode's condition), H = 601 pads the hidden rows.
+    // rows on 16 bytes (dense mode's condition), H = 601 pads the hidden rows. Stacked [Wg; Wu]
+    // and [dWg; dWu] (one matrix each): dX and the two gradients each one GEMM over both halves
+    // (H = 600), or the separate GEMMs where pads would lie between the halves (H = 601).
     struct Variant {
         bool gated;
         twOrder_t order;
         int64_t h;
         bool reads_kept;  // the backward reads the kept z and u (else it recomputes)
+        bool stacked = false;
     };
     for (const Variant v : {Variant{true, TW_ORDER_ROW, 601, true}, Variant{false, TW_ORDER_ROW, 601, true},
                             Variant{true, TW_ORDER_COL, 600, true}, Variant{false, TW_ORDER_COL, 600, true},
-                            Variant{true, TW_ORDER_COL, 601, false}}) {
+                            Variant{true, TW_ORDER_COL, 601, false}, Variant{true, TW_ORDER_ROW, 600, true, true},
+                            Variant{true, TW_ORDER_ROW, 601, true, true}}) {
         TrainCase base;
         base.gated = v.gated;
+        base.stacked = v.stacked;
         base.h = v.h;
         base.x_order = base.grad_order = v.order;
         base.save_dense = TW_SAVE_DENSE_ALWAYS;
@@ -161,7 +166,7 @@ TEST_CASE("CUDA training: SAVE_DENSE keeps z and u in dense mode, and the backwa
         const TrainCase &c = steps.c;
         const TrainData &warm = steps.warm, &data = steps.data;
         DYNAMIC_SECTION((v.gated ? "gated" : "plain") << (v.order == TW_ORDER_ROW ? " row-major" : " column-major")
-                                                      << " H " << v.h) {
+                                                      << " H " << v.h << (v.stacked ? " stacked" : "")) {
             const TrainExpected want = expected_train(c, data);
             SECTION("kept") { check_train(c, run_train(c, data, kBackend, TrainRun().warmed_with(&warm.x)), want); }
             SECTION("replayed") {

@@ -31,13 +31,15 @@ struct TrainCase {
     int32_t save_dense = TW_SAVE_DENSE_AUTO;  // TW_FFN_ATTR_SAVE_DENSE (the default)
     float l1 = 0.5f;
     uint64_t seed = 11;
+    bool stacked = false;  // gated: [Wg; Wu] one 2H x D matrix, and [dWg; dWu] (row-major) likewise
 };
 
 inline std::string describe(const TrainCase &c) {
     std::ostringstream os;
     os << "M " << c.m << " D " << c.d << " H " << c.h << (c.gated ? " gated" : " plain") << " type " << c.type
        << " mode " << c.mode << " profile " << twblas::testing::profile_name(c.profile)
-       << (c.integers ? " integers" : "") << " Wd " << (c.wd_order == TW_ORDER_ROW ? "row" : "col");
+       << (c.integers ? " integers" : "") << " Wd " << (c.wd_order == TW_ORDER_ROW ? "row" : "col")
+       << (c.stacked ? " stacked [Wg; Wu]" : "");
     for (const WeightLayout *l : {&c.wg_layout, &c.wu_layout, &c.wd_layout})
         if (l->pad || l->offset) os << " weight pad " << l->pad << " offset " << l->offset;
     return os.str();
@@ -172,11 +174,24 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
         dwg->poison();
     }
     for (Dense *o : {&y, &dx, &dwu, &dwd}) o->poison();
-    const twDnMatDescr_t X = buf.input(x), DY = buf.input(dy), WU = buf.input_at(*wu, c.wu_layout.offset),
-                         WD = buf.input_at(*wd, c.wd_layout.offset),
-                         WG = wg ? buf.input_at(*wg, c.wg_layout.offset) : nullptr;
-    const twDnMatDescr_t Y = buf.output(y), DX = buf.output(dx), DWU = buf.output(dwu), DWD = buf.output(dwd),
-                         DWG = dwg ? buf.output(*dwg) : nullptr;
+    const twDnMatDescr_t X = buf.input(x), DY = buf.input(dy), WD = buf.input_at(*wd, c.wd_layout.offset);
+    twDnMatDescr_t WU = buf.input_at(*wu, c.wu_layout.offset), WG = wg ? buf.input_at(*wg, c.wg_layout.offset) : nullptr;
+    twDnMatDescr_t Y = buf.output(y), DX = buf.output(dx), DWU = buf.output(dwu), DWD = buf.output(dwd),
+                   DWG = dwg ? buf.output(*dwg) : nullptr;
+    // stacked: the FFN's Wg and Wu (and the gradients dWg, dWu) are the halves of one matrix
+    std::unique_ptr<Dense> wgu, dwgu;
+    if (c.gated && c.stacked) {
+        REQUIRE(c.grad_order == TW_ORDER_ROW);
+        wgu = std::make_unique<Dense>(2 * c.h, c.d, c.type, TW_ORDER_ROW);
+        std::vector<float> both = data.wg;
+        both.insert(both.end(), data.wu.begin(), data.wu.end());
+        wgu->fill(both);
+        dwgu = std::make_unique<Dense>(2 * c.h, c.d, c.type, TW_ORDER_ROW);
+        dwgu->poison();
+        const twDnMatDescr_t WGU = buf.input(*wgu), DWGU = buf.output(*dwgu);
+        WG = buf.rows_of(WGU, 0, c.h), WU = buf.rows_of(WGU, c.h, c.h);
+        DWG = buf.rows_of(DWGU, 0, c.h), DWU = buf.rows_of(DWGU, c.h, c.h);
+    }
     twFfnDescr_t ffn = nullptr;
     TW_REQUIRE_OK(h, twCreateFfn(h, &ffn, c.gated ? TW_FFN_GATED_RELU : TW_FFN_RELU, WG, WU, WD));
     const int32_t mode = c.mode;
@@ -256,10 +271,19 @@ inline TrainResult run_train(const TrainCase &c, const TrainData &data, twBacken
     twDestroyFfn(ffn);
     r.y = y.to_double();
     r.dx = dx.to_double();
-    if (dwg) r.dwg = dwg->to_double();
-    r.dwu = dwu.to_double();
+    if (dwgu) {  // its rows: dWg's, then dWu's (the bits in the order of separate matrices)
+        const std::vector<double> both = dwgu->to_double();
+        r.dwg.assign(both.begin(), both.begin() + static_cast<std::ptrdiff_t>(both.size() / 2));
+        r.dwu.assign(both.begin() + static_cast<std::ptrdiff_t>(both.size() / 2), both.end());
+    } else {
+        if (dwg) r.dwg = dwg->to_double();
+        r.dwu = dwu.to_double();
+    }
     r.dwd = dwd.to_double();
-    for (const Dense *m : {&y, &dx, dwg.get(), &dwu, &dwd})
+    const Dense *const wgrads = dwgu ? dwgu.get() : dwg.get();
+    const Dense *const up_grad = dwgu ? nullptr : &dwu;
+    for (const Dense *m : {static_cast<const Dense *>(&y), static_cast<const Dense *>(&dx), wgrads, up_grad,
+                           static_cast<const Dense *>(&dwd)})
         if (m) append_bits(r.bits, *m);
     return r;
 }

@@ -254,8 +254,9 @@ void gather_dense_rows(cudaStream_t stream, const FfnProblem &p, const void *sav
 }
 
 /// dz, du, h of the first `cap` rows from z and u (NULL: the recomputed rz, ru) and dh in rh.
+/// dz and du go to rz and `ru` (default s.ru), rows `dzu_ld` values apart (default hp).
 void dense_rows_grads(cudaStream_t stream, const FfnProblem &p, const TrainScratch &s, int64_t cap, L1Scale l1_scale,
-                      const void *z = nullptr, const void *u = nullptr) {
+                      const void *z = nullptr, const void *u = nullptr, void *ru = nullptr, int64_t dzu_ld = 0) {
     by_type(p.type, [&](auto t) {
         using T = decltype(t);
         if constexpr (!std::is_same_v<T, float>) {
@@ -263,7 +264,8 @@ void dense_rows_grads(cudaStream_t stream, const FfnProblem &p, const TrainScrat
             dense_grads<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(chunks, 256), 8192))),
                              256, 0, stream>>>(
                 static_cast<const T *>(z ? z : s.rz), static_cast<const T *>(u ? u : s.ru), static_cast<T *>(s.rz),
-                static_cast<T *>(s.ru), static_cast<T *>(s.rh), cap, p.h, p.hp, p.gated, l1_scale);
+                static_cast<T *>(ru ? ru : s.ru), static_cast<T *>(s.rh), cap, p.h, p.hp, dzu_ld ? dzu_ld : p.hp,
+                p.gated, l1_scale);
             check_launch("dense_grads");
         }
     });
@@ -333,9 +335,27 @@ void weight_gradient(cudaStream_t stream, CudaFfnState &st, const TrainScratch &
         st.gemm.run(stream, 1.0f, bt, at, {dw.values, dw.ld, dw.type}, s.lt_workspace, s.lt_bytes);
 }
 
+/// Wu's rows right after Wg's with the same leading dimension ([Wg; Wu] stored as one matrix, as
+/// fused gate-up weights are): the two read as one 2H x D matrix. H a multiple of 8, so that
+/// [dZ | dU] (rows 2 hp apart) has no pad columns between the halves.
+bool stacked_gate_up(const FfnProblem &p, const FfnWeights &w) {
+    return p.gated && p.h == p.hp && w.up_ld == w.gate_ld &&
+           static_cast<const char *>(w.up) == static_cast<const char *>(w.gate) + p.h * w.gate_ld * p.weight_bytes();
+}
+
+/// dWu right after dWg, both row-major with one leading dimension: one H-row pair, written by one GEMM.
+bool stacked_grads(const FfnProblem &p, const twDnMatDescr *dwg, const twDnMatDescr &dwu) {
+    return dwg && dwg->order == TW_ORDER_ROW && dwu.order == TW_ORDER_ROW && dwg->ld == dwu.ld &&
+           dwg->type == dwu.type &&
+           static_cast<const char *>(dwu.values) ==
+               static_cast<const char *>(dwg->values) + p.h * dwg->ld * static_cast<int64_t>(elem_bytes(dwg->type));
+}
+
 /// Every row as the dense cuBLAS step runs it, from the z and u the forward kept: dh = dY Wd^T,
 /// then dz, du, h in one pass, dX = dZ Wg (+ dU Wu) (fp32, rounded once), and each weight
 /// gradient as one GEMM straight into its output. No sort, no gathers, no recomputed GEMMs.
+/// Stacked [Wg; Wu] take dX as one GEMM over K = 2H (as the dense step does), and stacked
+/// [dWg; dWu] one GEMM of 2H rows.
 void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p, const SavedView &sv,
                           const twDnMatDescr &x, const twDnMatDescr &dy, L1Scale l1_scale, const twDnMatDescr &dx,
                           const twDnMatDescr *dwg, const twDnMatDescr &dwu, const twDnMatDescr &dwd,
@@ -346,23 +366,40 @@ void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProble
         st.gemm.run(stream, 1.0f, a, b, z, s.lt_workspace, s.lt_bytes);
     };
     gemm(gemm_operand(dy), {w.down, p.h, p.d, w.down_ld, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
-    dense_rows_grads(stream, p, s, p.m, l1_scale, sv.dense_z, sv.dense_u);
-    const GemmOperand dz{s.rz, p.m, p.h, p.hp, TW_ORDER_ROW, t}, du{s.ru, p.m, p.h, p.hp, TW_ORDER_ROW, t};
+    // [dZ | dU] as one M x 2H matrix (rows 2 hp apart) when the weights are stacked
+    const bool stacked = stacked_gate_up(p, w);
+    const int64_t dzu_ld = stacked ? 2 * p.hp : p.hp;
+    void *const ru = stacked ? static_cast<void *>(static_cast<char *>(s.rz) + p.hp * p.weight_bytes()) : s.ru;
+    dense_rows_grads(stream, p, s, p.m, l1_scale, sv.dense_z, sv.dense_u, ru, dzu_ld);
+    const GemmOperand dz{s.rz, p.m, p.h, dzu_ld, TW_ORDER_ROW, t}, du{ru, p.m, p.h, dzu_ld, TW_ORDER_ROW, t};
     const GemmOperand h{s.rh, p.m, p.h, p.hp, TW_ORDER_ROW, t};
-    // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views
-    gemm(dz, {w.gate, p.d, p.h, w.gate_ld, TW_ORDER_COL, t}, {s.dxc, p.dp, TW_R_32F});
-    if (p.gated) gemm(du, {w.up, p.d, p.h, w.up_ld, TW_ORDER_COL, t}, {s.dxc + p.m * p.dp, p.dp, TW_R_32F});
-    const MatrixArg dxa = matrix_arg(dx);
-    by_type(t, [&](auto tag) {
-        using T = decltype(tag);
-        scatter_sum<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(p.m, 1024))), 256, 0, stream>>>(
-            s.dxc, p.gated ? s.dxc + p.m * p.dp : nullptr, p.dp, nullptr, nullptr, p.m, p.d, static_cast<T *>(dxa.ptr),
-            dxa.rs, dxa.cs);
-        check_launch("scatter_sum");
-    });
+    // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views (D x 2H when stacked)
+    const bool one_gemm = !p.gated || stacked;
+    const GemmOperand dx_a = stacked ? GemmOperand{s.rz, p.m, 2 * p.h, dzu_ld, TW_ORDER_ROW, t} : dz;
+    const GemmOperand dx_b{w.gate, p.d, stacked ? 2 * p.h : p.h, w.gate_ld, TW_ORDER_COL, t};
+    if (one_gemm && dx.order == TW_ORDER_ROW && dx.type == t && gemm_writes(&dx)) {
+        gemm(dx_a, dx_b, {dx.values, dx.ld, t});  // rounded once, straight into dX
+    } else {
+        gemm(dx_a, dx_b, {s.dxc, p.dp, TW_R_32F});
+        if (!one_gemm) gemm(du, {w.up, p.d, p.h, w.up_ld, TW_ORDER_COL, t}, {s.dxc + p.m * p.dp, p.dp, TW_R_32F});
+        const MatrixArg dxa = matrix_arg(dx);
+        by_type(t, [&](auto tag) {
+            using T = decltype(tag);
+            scatter_sum<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(p.m, 1024))), 256, 0,
+                             stream>>>(s.dxc, one_gemm ? nullptr : s.dxc + p.m * p.dp, p.dp, nullptr, nullptr, p.m, p.d,
+                                       static_cast<T *>(dxa.ptr), dxa.rs, dxa.cs);
+            check_launch("scatter_sum");
+        });
+    }
     const GemmOperand xo = gemm_operand(x), dyo = gemm_operand(dy);
-    weight_gradient(stream, st, s, dz, xo, p.gated ? *dwg : dwu);  // dWg (dWu when plain)
-    if (p.gated) weight_gradient(stream, st, s, du, xo, dwu);
+    if (stacked && stacked_grads(p, dwg, dwu)) {
+        twDnMatDescr both = *dwg;  // [dWg; dWu]: 2H rows
+        both.rows = 2 * p.h;
+        weight_gradient(stream, st, s, dx_a, xo, both);
+    } else {
+        weight_gradient(stream, st, s, dz, xo, p.gated ? *dwg : dwu);  // dWg (dWu when plain)
+        if (p.gated) weight_gradient(stream, st, s, du, xo, dwu);
+    }
     weight_gradient(stream, st, s, h, dyo, dwd);
 }
 

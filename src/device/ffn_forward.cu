@@ -101,11 +101,14 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
     FfnScratch s = carve_ffn_scratch(workspace, p, nullptr);
     point_scratch_into_saved(p, saved, s);
     const SavedLayout l = saved_layout(p);
-    write_header<<<1, 1, 0, stream>>>(saved_header(p), reinterpret_cast<SavedHeader *>(static_cast<char *>(saved) + l.header));
-    check_launch("write_header");
+    SavedHeader *const header = reinterpret_cast<SavedHeader *>(static_cast<char *>(saved) + l.header);
+    const bool dense_mode = plan.path == FfnPath::DenseMode;
+    if (!dense_mode || p.m == 0) {  // dense mode writes it beside its down GEMM
+        write_header<<<1, 1, 0, stream>>>(saved_header(p), header);
+        check_launch("write_header");
+    }
     // what the backward of this saved state follows (recorded now: a failure below leaves no
     // state to differentiate anyway)
-    const bool dense_mode = plan.path == FfnPath::DenseMode;
     st.train_forwards.remember(saved, p.m, {dense_mode, dense_mode && p.save_dense});
     if (p.m == 0) {  // the saved state of no tokens: a header and an empty dense list
         check(cudaMemsetAsync(s.header, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync");
@@ -119,10 +122,11 @@ void enqueue_training(cudaStream_t stream, CudaFfnState &st, const FfnProblem &p
         char *const sb = static_cast<char *>(saved);
         const DenseModeBuffers b = p.save_dense ? DenseModeBuffers{sb + l.dense_z, p.gated ? sb + l.dense_u : nullptr, s.gate}
                                                 : DenseModeBuffers{s.gate, s.up, s.up};
-        run_dense_mode(stream, c, b);
-        all_rows_dense<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, stream>>>(s.count, s.dense_rows,
-                                                                                          s.dense_count, p.m);
-        check_launch("all_rows_dense");
+        run_dense_mode(stream, c, b, [&](cudaStream_t side) {
+            write_dense_mode_state<<<std::max(1, std::min(1024, ceil_div(p.m, 256))), 256, 0, side>>>(
+                saved_header(p), header, s.count, s.dense_rows, s.dense_count, p.m);
+            check_launch("write_dense_mode_state");
+        });
         return;
     }
     enqueue_gate_and_rows(stream, c, false);  // the two-pass kernels (the plan's path in training)

@@ -164,8 +164,9 @@ TrainScratch carve_train_scratch(void *workspace, const FfnProblem &p, size_t *b
     s.dz = c.take<char>(n * gb);
     s.du = c.take<char>(p.gated ? n * gb : 0);
     const size_t rows = static_cast<size_t>(p.m * p.hp) * gb;
-    s.rz = c.take<char>(rows);
-    s.ru = c.take<char>(p.gated ? rows : 0);
+    // ru right after rz: a dense-mode backward may view them as one M x 2hp matrix [dZ | dU]
+    s.rz = c.take<char>(p.gated ? 2 * rows : rows);
+    s.ru = p.gated ? static_cast<char *>(s.rz) + rows : nullptr;
     s.rh = c.take<char>(rows);
     s.dw_dense = c.take<float>(static_cast<size_t>(3 * p.h * p.dp));
     if (p.cublas_ok()) {

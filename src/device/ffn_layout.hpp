@@ -215,7 +215,7 @@ struct TrainScratch {
     int32_t *hot_units;   // H: the units with more than unit_hot_tokens(M) tokens (ffn_backward.cu)
     uint32_t *hot_count;  // how many (zeroed by slot_keys, counted by unit_starts)
     void *dz, *du;        // M x ell, gate type
-    void *rz, *ru, *rh;   // recomputed rows: M x hp, gate type
+    void *rz, *ru, *rh;   // recomputed rows: M x hp, gate type (ru right after rz)
     float *dw_dense;      // 3 x H x dp: the recomputed rows' weight-gradient terms
     // the cuBLAS part of the recompute (16-bit DEFAULT only; NULL otherwise)
     void *lt_workspace;

@@ -29,15 +29,17 @@ template <class T> __global__ void gather_pair(MatrixArg x, MatrixArg dy, const 
 /// and dh (in rh) -> dz, du, h into rz, ru, rh, as the BackwardGrad epilogue. 16-bit types: a
 /// thread per 16-byte chunk of 8 units (hp is a multiple of 8 and every buffer starts on 256
 /// bytes), so that the pass moves its 6 x 2 bytes per unit at the copy rate (one element per
-/// thread took 632 us at 16384 x 5632 on an H100).
+/// thread took 632 us at 16384 x 5632 on an H100). z, u and h rows are hp values apart, the rows
+/// of dz and du dzu_ld apart (2 hp: [dZ | dU] as one matrix).
 template <class T> __global__ void dense_grads(const T *z_in, const T *u_in, T *rz, T *ru, T *rh, int64_t cap, int64_t h,
-                                               int64_t hp, bool gated, L1Scale l1) {
+                                               int64_t hp, int64_t dzu_ld, bool gated, L1Scale l1) {
     const float l1_scale = l1.get();
     static_assert(Chunk<T>::n == 8, "16-bit values");
     const int64_t per_row = hp / 8, n = cap * per_row;
     for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < n;
          c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int64_t j0 = (c % per_row) * 8, at = c * 8;  // at = row * hp + j0
+        const int64_t out = (c / per_row) * dzu_ld + j0;
         const uint4 zq = *reinterpret_cast<const uint4 *>(z_in + at);
         const uint4 uq = gated ? *reinterpret_cast<const uint4 *>(u_in + at) : make_uint4(0, 0, 0, 0);
         const uint4 hq = *reinterpret_cast<const uint4 *>(rh + at);
@@ -52,8 +54,8 @@ template <class T> __global__ void dense_grads(const T *z_in, const T *u_in, T *
             du[i] = Value<T>::from_float(ug.du);
             hv[i] = Value<T>::from_float(ug.h);
         }
-        *reinterpret_cast<uint4 *>(rz + at) = *reinterpret_cast<const uint4 *>(dz);
-        if (gated) *reinterpret_cast<uint4 *>(ru + at) = *reinterpret_cast<const uint4 *>(du);
+        *reinterpret_cast<uint4 *>(rz + out) = *reinterpret_cast<const uint4 *>(dz);
+        if (gated) *reinterpret_cast<uint4 *>(ru + out) = *reinterpret_cast<const uint4 *>(du);
         *reinterpret_cast<uint4 *>(rh + at) = *reinterpret_cast<const uint4 *>(hv);
     }
 }

@@ -92,7 +92,8 @@ void launch_dense_stats(cudaStream_t stream, const FfnCall &c, const DenseModeBu
 }
 
 template <class T>
-void run_dense_mode_t(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b) {
+void run_dense_mode_t(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b,
+                      const std::function<void(cudaStream_t)> &after_stats) {
     const FfnProblem &p = c.p;
     const FfnScratch &s = c.s;
     const FfnWeights &w = c.w;
@@ -139,18 +140,20 @@ void run_dense_mode_t(cudaStream_t stream, const FfnCall &c, const DenseModeBuff
         launch_dense_stats<T>(side, c, b);
     else
         launch_finish(side, c, false, 0, nullptr);
+    if (after_stats) after_stats(side);
     st.branch.join(stream);
 }
 
 }  // namespace
 
-void run_dense_mode(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b) {
+void run_dense_mode(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b,
+                    const std::function<void(cudaStream_t)> &after_stats) {
     by_type(c.p.type, [&](auto tag) {
         using T = decltype(tag);
         if constexpr (std::is_same_v<T, float>)
             fail(TW_STATUS_INTERNAL_ERROR, "dense mode runs 16-bit FFNs");
         else
-            run_dense_mode_t<T>(stream, c, b);
+            run_dense_mode_t<T>(stream, c, b, after_stats);
     });
 }
 

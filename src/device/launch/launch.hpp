@@ -51,8 +51,9 @@ struct DenseModeBuffers {
     void *z, *up, *h;
 };
 /// dense_mode.cu: projections as cuBLAS GEMMs over every row, h by one pass, the statistics on a
-/// branch beside the down GEMM (16-bit).
-void run_dense_mode(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b);
+/// branch beside the down GEMM (16-bit); `after_stats` enqueues work on that branch after them.
+void run_dense_mode(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b,
+                    const std::function<void(cudaStream_t)> &after_stats = {});
 
 /// fused.cu: the fused kernel over the sparse rows (h over the gate buffer when `write_h`), then
 /// the sum of the teams' partial rows when a token's units were split.
