@@ -230,11 +230,12 @@ TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the refer
     // exact. Up to 64 tokens the statistics run beside the down GEMM (M = 40); past them with h,
     // rows a block from 1 (M = 100) to 64 (M = 17000, its most), clusters of 8 adding the counts
     // on sm_90 (a partial last cluster at 100 and 17000 tokens); H a whole and a part-filled last
-    // step
+    // step; H = 9000 two batches of loads a row for the first warps, three rows a block
     struct Shape {
         int64_t m, d, h;
     };
-    for (const Shape s : {Shape{40, 40, 300}, Shape{100, 40, 300}, Shape{1000, 40, 4500}, Shape{17000, 16, 300}})
+    for (const Shape s : {Shape{40, 40, 300}, Shape{100, 40, 300}, Shape{1000, 40, 4500}, Shape{17000, 16, 300},
+                          Shape{600, 16, 9000}})
         for (bool gated : {true, false}) {
             if (gated && s.h == 4500) continue;  // the next test case
             FfnCase c;
