@@ -609,8 +609,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> ffn_backward(const Tensor& x, const O
     const bool gated = ws.gated;
     const Tensor x2 = as_rows(x, m, d), dy2 = as_rows(dy, m, d);
     Tensor dx = at::empty(x.sizes(), opts);
-    Tensor dwg = gated ? at::empty({h_dim, d}, opts) : at::empty({0}, opts);
-    Tensor dwu = at::empty({h_dim, d}, opts);
+    // dWg and dWu as the halves of one [dWg; dWu]: with stacked weights (gate_up_stacked_layout)
+    // a dense-mode step writes both by one GEMM
+    const Tensor dwgu = at::empty({gated ? 2 * h_dim : h_dim, d}, opts);
+    Tensor dwg = gated ? dwgu.narrow(0, 0, h_dim) : at::empty({0}, opts);
+    Tensor dwu = gated ? dwgu.narrow(0, h_dim, h_dim) : dwgu;
     // w_down's gradient in w_down's in-place layout when it has it (AccumulateGrad keeps it then)
     Tensor dwd = down_in_place(w_down) ? at::empty_strided({d, h_dim}, {1, d}, opts) : at::empty({d, h_dim}, opts);
     const DnMat xd = rows_of(x2), dyd = rows_of(dy2), dxd = rows_of(dx.view({m, d}));

@@ -262,6 +262,24 @@ def test_down_in_place_option():
     assert _rel(_logits(model, ids), ref) < TOL[torch.float32]
 
 
+def test_gate_up_stacked():
+    """sparsify re-lays each gated MLP's gate_proj and up_proj weights into one storage (up's rows
+    right after gate's), the same Parameters with the same values; down_in_place=False leaves them."""
+    model = _model("llama")
+    before = [(m.gate_proj.weight.detach().clone(), m.up_proj.weight.detach().clone()) for m in _mlps(model)]
+    sparsify(model)
+    for mlp, (g, u) in zip(_mlps(model), before):
+        gw, uw = mlp.gate_proj.weight, mlp.up_proj.weight
+        assert isinstance(gw, torch.nn.Parameter) and gw.is_contiguous() and uw.is_contiguous()
+        assert uw.data_ptr() == gw.data_ptr() + gw.numel() * gw.element_size()
+        assert torch.equal(gw, g) and torch.equal(uw, u)
+    other = _model("llama")
+    sparsify(other, down_in_place=False)
+    for mlp in _mlps(other):
+        gw, uw = mlp.gate_proj.weight, mlp.up_proj.weight
+        assert gw.untyped_storage().data_ptr() != uw.untyped_storage().data_ptr()
+
+
 def test_hooks_kept():
     model = _model("llama")
     seen = []

@@ -94,11 +94,15 @@ def test_save_dense_steps_match_dense(device, gated, save_dense):
             t.grad = None
         (mlp(x) * dy).sum().add(0.1 * mlp.l1).backward()
     assert mlp.stats()["mean_active"] > 64
-    got = [t.grad.clone() for t in (x, mlp.up_proj.weight, mlp.down_proj.weight)]
+    # gated: gate_proj's and up_proj's weights share one storage (SparseMLP stacks them), so dX
+    # and [dWg; dWu] are one GEMM each on CUDA
+    mine = (x, mlp.up_proj.weight, mlp.down_proj.weight) + ((mlp.gate_proj.weight,) if gated else ())
+    got = [t.grad.clone() for t in mine]
     x.grad = None
     y, l1 = dense(x)
     (y * dy).sum().add(0.1 * l1).backward()
-    for g, want in zip(got, (x.grad, dense.up_proj.weight.grad, dense.down_proj.weight.grad)):
+    theirs = (x, dense.up_proj.weight, dense.down_proj.weight) + ((dense.gate_proj.weight,) if gated else ())
+    for g, want in zip(got, (t.grad for t in theirs)):
         assert _rel(g, want) < 5 * tol
 
 
@@ -492,10 +496,13 @@ def test_from_dense_shares_parameters(gated):
     for name, a, b in pairs:
         assert a.weight is b.weight and a.weight.data_ptr() == b.weight.data_ptr()
         assert isinstance(a.weight, torch.nn.Parameter)
-        if name != "down_proj":
+        if name != "down_proj" and not gated:
             assert a.weight.data_ptr() == ptrs[f"{name}.weight"]
         assert torch.equal(a.weight, values[f"{name}.weight"])
     assert mlp.down_proj.weight.stride() == (1, 16)
+    if gated:  # gate and up re-laid into one storage, up's rows right after gate's
+        g, u = mlp.gate_proj.weight, mlp.up_proj.weight
+        assert u.data_ptr() == g.data_ptr() + g.numel() * g.element_size()
     assert len(list(mlp.parameters())) == len(list(dense.parameters()))
     # the dense module computes as before with the re-laid weight; both see a step of one
     x = torch.randn(5, 16)

@@ -18,7 +18,7 @@ except ImportError as e:
 
 from . import _lib
 
-__all__ = ["sparse_ffn", "SparseMLP", "down_weight_in_place_layout"]
+__all__ = ["sparse_ffn", "SparseMLP", "down_weight_in_place_layout", "gate_up_stacked_layout"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -127,12 +127,39 @@ def down_weight_in_place_layout(weight: Tensor) -> Tensor:
     return weight
 
 
+def _stacked(gate: Tensor, up: Tensor) -> bool:
+    return (gate.is_contiguous() and up.is_contiguous() and gate.shape == up.shape and gate.dtype == up.dtype
+            and gate.device == up.device and up.untyped_storage().data_ptr() == gate.untyped_storage().data_ptr()
+            and up.data_ptr() == gate.data_ptr() + gate.numel() * gate.element_size())
+
+
+def gate_up_stacked_layout(gate_weight: Tensor, up_weight: Tensor) -> None:
+    """Re-lays a gated MLP's gate_proj.weight and up_proj.weight (H, D each) into one storage,
+    up's rows right after gate's (a stacked [Wg; Wu], as fused gate-up weights are stored): the
+    training backward then computes dX and [dWg; dWu] as one GEMM each, as the dense step does.
+    Both tensors (Parameters) stay the same objects with the same shapes and values; only their
+    storage changes (`weight.data = ...`). Nothing happens when they are stacked already. Moving
+    a module (`.to(device)`, `.to(dtype)`) gives each weight its own storage again: re-lay after."""
+    if not all(isinstance(w, Tensor) and w.dim() == 2 for w in (gate_weight, up_weight)):
+        raise ValueError("twblas: gate_up_stacked_layout needs two 2-D (H, D) tensors")
+    if gate_weight.shape != up_weight.shape or gate_weight.dtype != up_weight.dtype or \
+            gate_weight.device != up_weight.device:
+        raise ValueError("twblas: gate_up_stacked_layout needs weights of one shape, dtype and device")
+    if _stacked(gate_weight, up_weight) or gate_weight.device.type == "meta":
+        return
+    with torch.no_grad():
+        both = torch.cat([gate_weight.data, up_weight.data])
+        h = gate_weight.shape[0]
+        gate_weight.data, up_weight.data = both[:h], both[h:]
+
+
 class SparseMLP(torch.nn.Module):
     """A LLaMA-style MLP (gate_proj, up_proj, down_proj without bias) on twblas's sparse FFN.
 
     forward(x) -> y; the last forward's l1 is `.l1`; `.stats()` gives the last forward's tokens,
     mean_active, max_active and overflow_rows. A LLaMA MLP's state_dict loads as it is.
-    down_proj.weight is kept in the layout the kernels read in place (down_weight_in_place_layout)."""
+    down_proj.weight is kept in the layout the kernels read in place (down_weight_in_place_layout),
+    gate_proj.weight and up_proj.weight in one storage (gate_up_stacked_layout)."""
 
     def __init__(self, d_model: int, d_ff: int, gated: bool = True, device=None, dtype=None,
                  save_dense: Optional[bool] = None):
@@ -144,6 +171,8 @@ class SparseMLP(torch.nn.Module):
         self.up_proj = torch.nn.Linear(d_model, d_ff, bias=False, **kw)
         self.down_proj = torch.nn.Linear(d_ff, d_model, bias=False, **kw)
         down_weight_in_place_layout(self.down_proj.weight)
+        if gated:
+            gate_up_stacked_layout(self.gate_proj.weight, self.up_proj.weight)
         self.l1 = None
 
     def _weights(self):
@@ -181,8 +210,9 @@ class SparseMLP(torch.nn.Module):
         """A SparseMLP over the weights of any module that has up_proj and down_proj (nn.Linear,
         no bias) and, for the gated form, gate_proj. The Parameters are shared, not copied: the
         module and the SparseMLP hold the same Parameter objects. down_proj.weight's storage is
-        re-laid into the in-place layout (down_weight_in_place_layout), which the dense module
-        computes with as before."""
+        re-laid into the in-place layout (down_weight_in_place_layout), and gate_proj's and
+        up_proj's into one (gate_up_stacked_layout), which the dense module computes with as
+        before."""
         up, down = getattr(module, "up_proj", None), getattr(module, "down_proj", None)
         gate = getattr(module, "gate_proj", None)
         for name, lin in (("up_proj", up), ("down_proj", down)) + ((("gate_proj", gate),) if gate is not None else ()):
@@ -190,6 +220,8 @@ class SparseMLP(torch.nn.Module):
                 raise ValueError(f"twblas: {name} must be an nn.Linear without bias")
         out = cls(up.in_features, up.out_features, gated=gate is not None, device="meta", dtype=up.weight.dtype)
         down_weight_in_place_layout(down.weight)
+        if gate is not None:
+            gate_up_stacked_layout(gate.weight, up.weight)
         out.up_proj.weight = up.weight
         out.down_proj.weight = down.weight
         if gate is not None:

@@ -156,9 +156,12 @@ def sparsify(model: torch.nn.Module, strict: bool = True, return_count: bool = F
     leaves those modules dense and replaces the rest.
 
     down_in_place=True (the default): down_proj.weight's storage is re-laid into the layout the
-    CUDA kernels read in place (strides (1, D); same Parameter, shape and values). FSDP2 refuses
+    CUDA kernels read in place (strides (1, D); same Parameter, shape and values), and a gated
+    MLP's gate_proj.weight and up_proj.weight into one storage (gate_up_stacked_layout: the
+    dense-mode training step's dX and [dWg; dWu] then take one GEMM each). FSDP2 refuses
     non-contiguous Parameters: for fully_shard, pass down_in_place=False (the library then keeps
-    its own copy of each down weight) and sparsify before sharding.
+    its own copy of each down weight, and gate and up keep their storages) and sparsify before
+    sharding.
     save_dense: SparseMLP's save_dense for every replacement (training; see sparse_ffn)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"twblas.sparsify: expected a torch.nn.Module, got {type(model).__name__}")

@@ -13,7 +13,9 @@ w_down is read by the CUDA kernels in place, without a copy, when it is laid out
 row-major storage seen transposed: shape (D, H), strides (1, D). SparseMLP keeps its
 down_proj.weight so (same Parameter type and shape: state_dicts load as they are);
 down_weight_in_place_layout(p) re-lays any such Parameter. A contiguous (D, H) w_down works too
-(the library then keeps a copy of it).
+(the library then keeps a copy of it). w_gate and w_up in one storage, w_up's rows right after
+w_gate's (a stacked [Wg; Wu]) let a dense-mode training step run the dense step's single dX and
+[dWg; dWu] GEMMs; SparseMLP keeps them so, and gate_up_stacked_layout(g, u) re-lays any pair.
 
 The ops are C++ (csrc/twblas_torch.cpp, libtwblas_torch.so, loaded here with
 torch.ops.load_library): torch.ops.twblas.sparse_ffn, ffn_forward (y, l1 and the saved state),
@@ -24,12 +26,12 @@ is registered in C++, so an eager call leaves Python at the op call. twblas/_ops
 kernels for torch.compile and the module; twblas/_sparsify.py holds sparsify.
 """
 
-from ._ops import SparseMLP, down_weight_in_place_layout, sparse_ffn
+from ._ops import SparseMLP, down_weight_in_place_layout, gate_up_stacked_layout, sparse_ffn
 from ._sparsify import sparsify
 
-__all__ = ["sparse_ffn", "SparseMLP", "down_weight_in_place_layout", "sparsify"]
+__all__ = ["sparse_ffn", "SparseMLP", "down_weight_in_place_layout", "gate_up_stacked_layout", "sparsify"]
 
 # the public name in reprs and pickles
-for _f in (SparseMLP, down_weight_in_place_layout, sparse_ffn, sparsify):
+for _f in (SparseMLP, down_weight_in_place_layout, gate_up_stacked_layout, sparse_ffn, sparsify):
     _f.__module__ = __name__
 del _f
