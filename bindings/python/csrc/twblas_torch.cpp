@@ -9,7 +9,9 @@
 //       saved: the C API's saved state when training (always when autograd records the call)
 //       CPU and CUDA kernels; its autograd (a torch::autograd::Function) is registered for the
 //       Autograd key and calls ffn_backward
-//   twblas::ffn_backward(x, w_gate?, w_up, w_down, saved, dy, dl1) -> (dx, dw_gate, dw_up, dw_down)
+//   twblas::ffn_backward(x, w_gate?, w_up, w_down, saved, dy, dl1) -> (dx, dw_gate_up, dw_down)
+//       dw_gate_up: [dWg; dWu] (2H x D) when gated, else dWu: one output, so that a stacked pair
+//       of weights gets its gradients from one GEMM (the autograd splits it into two views)
 //   twblas::ffn_stats(w_gate?, w_up, w_down) -> float[]   (twFfnGetStats: blocks)
 //   twblas::ffn_neuron_counts(w_gate?, w_up, w_down, reset=False) -> Tensor
 //   twblas::ffn_weight_copy_bytes(w_gate?, w_up, w_down) -> int   (TW_FFN_ATTR_WEIGHT_COPY_BYTES)
@@ -584,7 +586,7 @@ std::tuple<Tensor, Tensor, Tensor> ffn_forward(const Tensor& x, const OptTensor&
     return {y, l1, saved};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> ffn_backward(const Tensor& x, const OptTensor& w_gate,
+std::tuple<Tensor, Tensor, Tensor> ffn_backward(const Tensor& x, const OptTensor& w_gate,
                                                         const Tensor& w_up, const Tensor& w_down,
                                                         const Tensor& saved, const Tensor& dy, const Tensor& dl1) {
     check_inputs(x, w_gate, w_up, w_down);
@@ -609,11 +611,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> ffn_backward(const Tensor& x, const O
     const bool gated = ws.gated;
     const Tensor x2 = as_rows(x, m, d), dy2 = as_rows(dy, m, d);
     Tensor dx = at::empty(x.sizes(), opts);
-    // dWg and dWu as the halves of one [dWg; dWu]: with stacked weights (gate_up_stacked_layout)
-    // a dense-mode step writes both by one GEMM
+    // [dWg; dWu] as one tensor: with stacked weights (gate_up_stacked_layout) a dense-mode step
+    // writes both halves by one GEMM
     const Tensor dwgu = at::empty({gated ? 2 * h_dim : h_dim, d}, opts);
-    Tensor dwg = gated ? dwgu.narrow(0, 0, h_dim) : at::empty({0}, opts);
-    Tensor dwu = gated ? dwgu.narrow(0, h_dim, h_dim) : dwgu;
+    const Tensor dwg = gated ? dwgu.narrow(0, 0, h_dim) : Tensor(), dwu = gated ? dwgu.narrow(0, h_dim, h_dim) : dwgu;
     // w_down's gradient in w_down's in-place layout when it has it (AccumulateGrad keeps it then)
     Tensor dwd = down_in_place(w_down) ? at::empty_strided({d, h_dim}, {1, d}, opts) : at::empty({d, h_dim}, opts);
     const DnMat xd = rows_of(x2), dyd = rows_of(dy2), dxd = rows_of(dx.view({m, d}));
@@ -628,7 +629,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> ffn_backward(const Tensor& x, const O
     check(twSpGEMMFusedBackward(h, ffn.get(), xd.get(), m > 0 ? saved.data_ptr() : nullptr, dyd.get(), 0.0f,
                                 dxd.get(), dwgd.get(), dwud.get(), dwdd.get(), work.data_ptr()),
           h, "twSpGEMMFusedBackward");
-    return {dx, dwg, dwu, dwd};
+    return {dx, dwgu, dwd};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -636,7 +637,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> ffn_backward(const Tensor& x, const O
 
 using ForwardFn = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, const Tensor&,
                                                      bool, std::optional<bool>);
-using BackwardFn = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&,
+using BackwardFn = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&,
                                                               const Tensor&, const Tensor&, const Tensor&,
                                                               const Tensor&);
 
@@ -683,9 +684,10 @@ class FfnFunction : public torch::autograd::Function<FfnFunction> {
         // y or l1 unused by the loss: its gradient is zero (l1's is one fp32 value)
         const Tensor dy = grads[0].defined() ? grads[0] : at::zeros(x.sizes(), x.options());
         const Tensor dl1 = grads[1].defined() ? grads[1] : at::zeros({}, x.options().dtype(at::kFloat));
-        auto [dx, dwg, dwu, dwd] =
-            backward_op().call(x, gated ? OptTensor(s[1]) : OptTensor(), s[2], s[3], s[4], dy, dl1);
-        return {dx, gated ? dwg : Tensor(), dwu, dwd, Tensor(), Tensor()};
+        auto [dx, dwgu, dwd] = backward_op().call(x, gated ? OptTensor(s[1]) : OptTensor(), s[2], s[3], s[4], dy, dl1);
+        if (!gated) return {dx, Tensor(), dwgu, dwd, Tensor(), Tensor()};
+        const int64_t h = dwgu.size(0) / 2;
+        return {dx, dwgu.narrow(0, 0, h), dwgu.narrow(0, h, h), dwd, Tensor(), Tensor()};
     }
 };
 
@@ -776,7 +778,7 @@ TORCH_LIBRARY(twblas, m) {
     m.def("ffn_forward(Tensor x, Tensor? w_gate, Tensor w_up, Tensor w_down, bool training, bool? save_dense) -> "
           "(Tensor y, Tensor l1, Tensor saved)");
     m.def("ffn_backward(Tensor x, Tensor? w_gate, Tensor w_up, Tensor w_down, Tensor saved, Tensor dy, Tensor dl1) "
-          "-> (Tensor dx, Tensor dw_gate, Tensor dw_up, Tensor dw_down)");
+          "-> (Tensor dx, Tensor dw_gate_up, Tensor dw_down)");
     m.def("ffn_stats(Tensor? w_gate, Tensor w_up, Tensor w_down) -> float[]");
     m.def("ffn_neuron_counts(Tensor? w_gate, Tensor w_up, Tensor w_down, bool reset=False) -> Tensor");
     m.def("ffn_weight_copy_bytes(Tensor? w_gate, Tensor w_up, Tensor w_down) -> int");

@@ -83,9 +83,8 @@ def _(x, w_gate, w_up, w_down, training, save_dense):
 def _(x, w_gate, w_up, w_down, saved, dy, dl1):
     _check_inputs(x, w_gate, w_up, w_down)
     h, d = w_up.shape
-    dwg = x.new_empty((h, d)) if w_gate is not None else x.new_empty(0)
     dwd = x.new_empty_strided((d, h), (1, d)) if _down_in_place(w_down) else x.new_empty((d, h))
-    return x.new_empty(x.shape), dwg, x.new_empty((h, d)), dwd
+    return x.new_empty(x.shape), x.new_empty((2 * h if w_gate is not None else h, d)), dwd
 
 
 # ---------------------------------------------------------------------------------------------
