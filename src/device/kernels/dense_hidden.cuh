@@ -71,6 +71,24 @@ __device__ inline void load_steps(const T *a, const T *b, bool b_once, int64_t g
     }
 }
 
+/// f(cl, aq, bq) for each of this warp's 256-column steps of the rows `a` and `b` below `end`
+/// (columns first, first + stride, ...; cl the lane's first column, aq and bq its chunks),
+/// kHiddenAhead steps' loads in flight at a time (load_steps). Every lane of the warp calls it.
+template <class T, class F>
+__device__ __forceinline__ void for_warp_steps(const T *a, const T *b, bool b_once, int64_t first, int64_t end,
+                                               int64_t stride, int lane, int64_t ldg, F &&f) {
+    for (int64_t g0 = first; g0 < end; g0 += stride * kHiddenAhead) {
+        uint4 aq[kHiddenAhead], bq[kHiddenAhead];
+        load_steps<T>(a, b, b_once, g0, stride, lane, ldg, aq, bq);
+#pragma unroll
+        for (int s = 0; s < kHiddenAhead; ++s) {
+            const int64_t c0 = g0 + s * stride;
+            if (c0 >= end) break;  // the same for the whole warp
+            f(c0 + lane * 8, aq[s], bq[s]);
+        }
+    }
+}
+
 /// Blocks of a few rows each: each block's rows one after another, its 8 warps over a row's
 /// 256-column steps side by side (each row's sums: a butterfly a warp, then the warps in order,
 /// as dense_row_stats sums: both give the same bits). A lane owns the same columns on every row,
@@ -100,27 +118,21 @@ __global__ void __launch_bounds__(32 * kHiddenWarps) form_hidden_stats(HiddenSta
         int units = 0;
         bool over = false;
         float l1 = 0.0f;
-        for (int64_t g0 = static_cast<int64_t>(warp) * 256; g0 < a.ldg; g0 += stride * kHiddenAhead) {
-            uint4 zq[kHiddenAhead], uq[kHiddenAhead];
-            load_steps<T>(z, u, true, g0, stride, lane, a.ldg, zq, uq);
-#pragma unroll
-            for (int s = 0; s < kHiddenAhead; ++s) {
-                const int64_t c0 = g0 + s * stride;
-                if (c0 >= a.ldg) break;  // the same for the whole warp
-                const int64_t cl = c0 + lane * 8;
-                T out[8];
-                hidden_chunk<T>(zq[s], uq[s], u != nullptr, a.cols - cl, out, l1);
-                if (cl < a.ldg) *reinterpret_cast<uint4 *>(h + cl) = *reinterpret_cast<const uint4 *>(out);
-                const unsigned mask = chunk_activity<T>(zq[s], cl, a.cols, lanes_per_tile, a.slots, units, over);
-                if (mask) {  // a 16-bit count a unit: bit i of the mask to half i % 2 of word i / 2
-                    uint4 &q = s_counts[cl / 8];
-                    q.x += (mask & 1u) | (mask >> 1 & 1u) << 16;
-                    q.y += (mask >> 2 & 1u) | (mask >> 3 & 1u) << 16;
-                    q.z += (mask >> 4 & 1u) | (mask >> 5 & 1u) << 16;
-                    q.w += (mask >> 6 & 1u) | (mask >> 7 & 1u) << 16;
-                }
-            }
-        }
+        for_warp_steps<T>(z, u, true, static_cast<int64_t>(warp) * 256, a.ldg, stride, lane, a.ldg,
+                          [&](int64_t cl, const uint4 &zq, const uint4 &uq) {
+                              T out[8];
+                              hidden_chunk<T>(zq, uq, u != nullptr, a.cols - cl, out, l1);
+                              if (cl < a.ldg) *reinterpret_cast<uint4 *>(h + cl) = *reinterpret_cast<const uint4 *>(out);
+                              const unsigned mask =
+                                  chunk_activity<T>(zq, cl, a.cols, lanes_per_tile, a.slots, units, over);
+                              if (mask) {  // a 16-bit count a unit: bit i of the mask to half i % 2 of word i / 2
+                                  uint4 &q = s_counts[cl / 8];
+                                  q.x += (mask & 1u) | (mask >> 1 & 1u) << 16;
+                                  q.y += (mask >> 2 & 1u) | (mask >> 3 & 1u) << 16;
+                                  q.z += (mask >> 4 & 1u) | (mask >> 5 & 1u) << 16;
+                                  q.w += (mask >> 6 & 1u) | (mask >> 7 & 1u) << 16;
+                              }
+                          });
         units = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(units)));
         over = __any_sync(kFullMask, over);
         l1 = warp_sum(l1);
@@ -237,21 +249,14 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseSt
     bool over = false;
     float l1 = 0.0f;
     const int64_t stride = int64_t{256} * warps;  // this warp's steps: warp, warp + warps, ...
-    for (int64_t g0 = static_cast<int64_t>(warp) * 256; g0 < a.cols; g0 += stride * kHiddenAhead) {
-        uint4 zq[kHiddenAhead], hq[kHiddenAhead];
-        load_steps<T>(z, h, false, g0, stride, lane, a.ldg, zq, hq);
-#pragma unroll
-        for (int s = 0; s < kHiddenAhead; ++s) {
-            const int64_t c0 = g0 + s * stride;
-            if (c0 >= a.cols) break;  // the same for the whole warp
-            const int64_t cl = c0 + lane * 8;
-            const unsigned mask = chunk_activity<T>(zq[s], cl, a.cols, lanes_per_tile, a.slots, units, over);
-            for (int i = 0; i < 8; ++i) l1 += fabsf(Chunk<T>::get(hq[s], i));
-            if (a.neuron_counts)
-                for (int i = 0; i < 8; ++i)
-                    if (mask >> i & 1u) atomicAdd(a.neuron_counts + cl + i, 1ull);
-        }
-    }
+    for_warp_steps<T>(z, h, false, static_cast<int64_t>(warp) * 256, a.cols, stride, lane, a.ldg,
+                      [&](int64_t cl, const uint4 &zq, const uint4 &hq) {
+                          const unsigned mask = chunk_activity<T>(zq, cl, a.cols, lanes_per_tile, a.slots, units, over);
+                          for (int i = 0; i < 8; ++i) l1 += fabsf(Chunk<T>::get(hq, i));
+                          if (a.neuron_counts)
+                              for (int i = 0; i < 8; ++i)
+                                  if (mask >> i & 1u) atomicAdd(a.neuron_counts + cl + i, 1ull);
+                      });
     // the row's sums: each warp's butterfly, then the warps in order
     units = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(units)));
     over = __any_sync(kFullMask, over);
