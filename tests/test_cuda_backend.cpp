@@ -289,6 +289,44 @@ TEST_CASE("CUDA FFN: dense mode, gated, 1000 tokens x 4500 units of small intege
     CHECK(wrong_y == 0);
 }
 
+TEST_CASE("CUDA FFN: the serving path with rows of hundreds of units (serve_down in groups) gives the reference's bits",
+          "[cuda][ffn]") {
+    // small-integer data fires about half of the 4500 units a token: after the first forward the
+    // plan splits serve_down's units into groups of blocks (16 at 40 columns; at 520 columns,
+    // three slices, 16 tokens leave room for 5), each writing a partial row that the last adds in
+    // group order; the second forward is compared
+    for (int64_t d : {40, 520})
+        for (int64_t m : {1, 3, 16})
+            for (bool gated : {true, false}) {
+                FfnCase c;
+                c.integers = true;
+                c.algorithm = TW_FFN_ALG_SERVE;
+                c.m = m;
+                c.d = d;
+                c.h = 4500;
+                c.gated = gated;
+                c.hidden = m == 3 ? 1 : 0;
+                INFO(describe(c));
+                const FfnData data = make_data(c);
+                const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
+                REQUIRE(cpu.stats.meanRowNnz > 2 * 128);
+                const FfnResult gpu = run_ffn(c, data, TW_BACKEND_CUDA, FfnRun().times(2).with_stats_between());
+                REQUIRE(gpu.y_bits.size() == cpu.y_bits.size());
+                int64_t wrong_y = 0;
+                for (size_t k = 0; k < cpu.y_bits.size(); ++k) wrong_y += gpu.y_bits[k] != cpu.y_bits[k];
+                CHECK(wrong_y == 0);
+                REQUIRE(gpu.counts.size() == cpu.counts.size());
+                int64_t wrong = 0;
+                for (size_t j = 0; j < cpu.counts.size(); ++j) wrong += gpu.counts[j] != 2 * cpu.counts[j];
+                CHECK(wrong == 0);
+                if (c.hidden) CHECK(gpu.hidden_bits == cpu.hidden_bits);
+                CHECK(gpu.stats.meanRowNnz == Approx(cpu.stats.meanRowNnz).epsilon(1e-9));
+                CHECK(gpu.stats.maxRowNnz == cpu.stats.maxRowNnz);
+                CHECK(gpu.stats.overflowRows == cpu.stats.overflowRows);
+                CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(1e-6));
+            }
+}
+
 TEST_CASE("CUDA FFN: dense mode in the caller's graph and in captured eager calls gives the reference's bits",
           "[cuda][ffn]") {
     // small-integer data, so that the reference's bits are the answer whatever the GEMMs' order

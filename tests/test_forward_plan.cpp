@@ -69,6 +69,24 @@ TEST_CASE("plan: the default paths by token count at the paper's shape", "[plan]
     CHECK_NOTHROW(plan_forward(paper(0), {}, {}));
 }
 
+TEST_CASE("plan: serve_down splits rows of hundreds of units into groups of blocks", "[plan]") {
+    PlanFeedback fb;
+    fb.mean_active = 29;  // one batch of loads a warp: one group
+    CHECK(plan_forward(paper(1), fb, {}).serve.down_groups == 1);
+    CHECK(plan_forward(paper(1), {}, {}).serve.down_groups == 1);  // no forward yet
+    fb.mean_active = 600;  // 5 batches of 16 warps x 8 rows
+    CHECK(plan_forward(paper(1), fb, {}).serve.down_groups == 5);
+    // at most 256 blocks: 8 column slices x 16 tokens leave room for 2 groups
+    CHECK(plan_forward(paper(16), fb, {}).serve.down_groups == 2);
+    fb.mean_active = 5000;  // capped at 16 groups
+    CHECK(plan_forward(paper(1), fb, {}).serve.down_groups == 16);
+    // past serve_gate's tokens serve_token runs: no groups
+    fb.mean_active = 600;
+    const ForwardPlan p = plan_forward(paper(17), fb, {});
+    REQUIRE(p.path == FfnPath::Serve);
+    CHECK(p.serve.down_groups == 1);
+}
+
 TEST_CASE("plan: large gates end the serving path and serve_gate earlier", "[plan]") {
     CHECK(plan_forward(llama(8), {}, {}).serve.own_gate);
     CHECK_FALSE(plan_forward(llama(9), {}, {}).serve.own_gate);

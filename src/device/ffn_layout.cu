@@ -55,6 +55,13 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
     }
     // the serving path's ticket wherever a plan may pick it (the tuning moves where it ends)
     if (p.cublas_ok() && p.m >= 1) s.serve_ticket = c.take<uint32_t>(1);
+    if (p.cublas_ok() && p.m >= 1 && p.m <= kServeGateTokenCapacity) {  // serve_down's groups
+        s.serve_parts = c.take<float>(static_cast<size_t>(kServeDownMaxBlocks * kServeDownCols));
+        s.serve_part_l1 = c.take<float>(static_cast<size_t>(kServeDownMaxBlocks));
+        s.serve_part_nnz = c.take<int32_t>(static_cast<size_t>(kServeDownMaxBlocks));
+        s.serve_part_over = c.take<int32_t>(static_cast<size_t>(kServeDownMaxBlocks));
+        s.serve_tickets = c.take<uint32_t>(static_cast<size_t>(kServeDownMaxTickets));
+    }
     s.splits = fused_splits(p.m);
     s.partial = s.splits > 1 ? c.take<float>(static_cast<size_t>(s.splits * p.m * (p.dp + 1))) : nullptr;
     if (bytes) *bytes = c.used();

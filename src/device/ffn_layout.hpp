@@ -142,6 +142,10 @@ struct FfnScratch {
     uint32_t *unit_masks;  // M x unit_words active-unit words (bit b of word w: unit 32 w + b), written by
     int64_t unit_words;    // the serving gate or the masked gate GEMM (16-bit DEFAULT mode only)
     uint32_t *serve_ticket;  // serving: the last-block ticket of the statistics
+    float *serve_parts;      // serve_down with groups: a partial row a block (kServeDownCols values),
+    float *serve_part_l1;    // then per (token, group) l1, active units and an over-capacity flag
+    int32_t *serve_part_nnz, *serve_part_over;
+    uint32_t *serve_tickets;  // and the last-block ticket of each (slice, token)
 };
 FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes);
 

@@ -30,6 +30,7 @@
 #include "common/warp.cuh"
 #include "kernels/finalize.cuh"
 #include "kernels/fp8_rows.cuh"
+#include "kernel_limits.hpp"
 
 namespace twblas::cuda {
 
@@ -60,6 +61,10 @@ template <class T> struct ServeArgs {
     float *row_l1;
     FfnStatsBlock *stats;
     FfnFeedback *publish;
+    int down_groups;  // serve_down's blocks a (slice, token) (the plan's serve.down_groups)
+    float *parts, *part_l1;  // with groups: the blocks' partial rows, l1, units and flags
+    int32_t *part_nnz, *part_over;
+    uint32_t *down_tickets;  // a ticket a (slice, token), zeroed by serve_gate
 };
 
 // Fixed choices of the kernels' code (docs/performance-notes.md has their measurements; as
@@ -304,6 +309,10 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
     const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
     if (a.ticket && blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;  // serve_down waits for this grid first
+    if (a.down_groups > 1 && threadIdx.x == 0) {  // serve_down's (slice, token) tickets, likewise
+        const int64_t tickets = (a.dp + kServeDownCols - 1) / kServeDownCols * a.m;
+        for (int64_t i = blockIdx.x; i < tickets; i += gridDim.x) a.down_tickets[i] = 0;
+    }
     if (threadIdx.x < kServeGateUnits) unit_tokens[threadIdx.x] = 0;
 
     const bool wok = unit0 + g < a.h;
@@ -424,13 +433,15 @@ template <class T> __device__ inline uint4 serve_down_start(const ServeArgs<T> &
     return last_record;
 }
 
-// ---- serve_down: y_t = sum over the active units j of h_tj Wd_j, by column slices, so that no
-// partial rows and no split sums are needed: a block per (slice of 256 columns, token), its warps
-// dealt ranges of mask words; a unit's Wd slice is one 16-byte chunk per lane. The warps' sums are
-// added in warp order (deterministic). The blocks of slice 0 also count the token's row from the
-// words and h they read anyway (no pass of their own), and the grid's last of them finishes the
-// statistics.
-constexpr int kServeDownCols = 256, kServeDownWarps = 16, kServeDownBatch = 8;
+// ---- serve_down: y_t = sum over the active units j of h_tj Wd_j, by column slices: a block per
+// (slice of 256 columns, token, group), its warps dealt ranges of the group's mask words; a unit's
+// Wd slice is one 16-byte chunk per lane. The warps' sums are added in warp order. With one group
+// (the plan's down_groups) the block writes y and no partial rows or split sums are needed; with
+// more (rows of hundreds of units: each group's warps chain fewer batches of loads) the groups
+// take whole TwELL tiles of words each, write partial rows, and the last of a (slice, token)'s
+// blocks (a ticket) adds them in group order (deterministic). The blocks of slice 0 also count the
+// token's row from the words and h they read anyway (no pass of their own), and the grid's last
+// of them finishes the statistics.
 constexpr int64_t kServeMaxWords = 2048;  // H <= 65536 (kMaxSparseCols, checked when the FFN is made)
 
 template <class T, bool FP8 = false>
@@ -444,6 +455,10 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     const int64_t t = blockIdx.y, col0 = static_cast<int64_t>(blockIdx.x) * kServeDownCols + lane * E;
     const bool counts_row = blockIdx.x == 0;
+    // the group's words: whole TwELL tiles (so that its tiles' counts are complete)
+    const int G = static_cast<int>(gridDim.z), g = static_cast<int>(blockIdx.z);
+    const int64_t per_tile = a.tile / 32, tiles = (a.words + per_tile - 1) / per_tile;
+    const int64_t gw0 = min(a.words, tiles * g / G * per_tile), gw1 = min(a.words, tiles * (g + 1) / G * per_tile);
     const uint4 last_record = serve_down_start(a, counts_row);  // after serve_gate
     const uint32_t *mw = a.masks + t * a.words;
     const T *hrow = a.gate + t * a.ldg;
@@ -454,7 +469,7 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
     float l1 = 0.0f;
-    const int64_t w0 = a.words * warp / W, w1 = a.words * (warp + 1) / W;
+    const int64_t w0 = gw0 + (gw1 - gw0) * warp / W, w1 = gw0 + (gw1 - gw0) * (warp + 1) / W;
     for (int64_t base = w0; base < w1; base += 32) {
         uint32_t mine = base + lane < w1 ? __ldcg(mw + base + lane) : 0u;
         if (counts_row && base + lane < w1) word_nnz[base + lane] = static_cast<uint8_t>(__popc(mine));
@@ -497,28 +512,64 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     for (int e = 0; e < E; ++e) red[warp][lane * E + e] = acc[e];
     if (lane == 0) warp_l1[warp] = l1;
     __syncthreads();
+    // with groups: this block's partial row, (slice, token, group) in order
+    const int64_t pair = t * gridDim.x + blockIdx.x;
+    float *const part = G > 1 ? a.parts + (pair * G + g) * kServeDownCols : nullptr;
     for (int c = threadIdx.x; c < kServeDownCols; c += blockDim.x) {
         const int64_t col = static_cast<int64_t>(blockIdx.x) * kServeDownCols + c;
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < W; ++w) v += red[w][c];
-        if (col < a.d) a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(v);
+        if (part)
+            part[c] = v;
+        else if (col < a.d)
+            a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(v);
+    }
+    // the token's counts (row_count_code) and l1 over the group's tiles
+    int nnz = 0, over = 0;
+    float row_l1 = 0.0f;
+    if (counts_row) {
+        for (int64_t tile = gw0 / per_tile + threadIdx.x; tile * per_tile < gw1; tile += blockDim.x) {
+            int n = 0;
+            for (int64_t w = tile * per_tile; w < min(gw1, (tile + 1) * per_tile); ++w) n += word_nnz[w];
+            nnz += n;
+            over |= n > a.slots;
+        }
+        nnz = block_reduce(nnz, [](int x, int y) { return x + y; }, nnz_scratch);
+        over = __syncthreads_or(over);
+        for (int w = 0; w < W; ++w) row_l1 += warp_l1[w];
+    }
+    if (G > 1) {
+        // the last of the (slice, token)'s blocks adds the partial rows and the counts in group order
+        __shared__ bool last;
+        if (threadIdx.x == 0) {
+            if (counts_row) {
+                const int64_t k = t * G + g;
+                a.part_l1[k] = row_l1, a.part_nnz[k] = nnz, a.part_over[k] = over;
+            }
+            __threadfence();
+            last = atomicAdd(a.down_tickets + pair, 1u) == static_cast<unsigned>(G - 1);
+            if (last) __threadfence();
+        }
+        __syncthreads();
+        if (!last) return;
+        for (int c = threadIdx.x; c < kServeDownCols; c += blockDim.x) {
+            const int64_t col = static_cast<int64_t>(blockIdx.x) * kServeDownCols + c;
+            float v = 0.0f;
+            for (int q = 0; q < G; ++q) v += __ldcg(a.parts + (pair * G + q) * kServeDownCols + c);
+            if (col < a.d) a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(v);
+        }
+        if (!counts_row) return;
+        nnz = 0, over = 0, row_l1 = 0.0f;
+        for (int q = 0; q < G; ++q) {  // thread 0's values are the ones used
+            nnz += __ldcg(a.part_nnz + t * G + q);
+            over |= __ldcg(a.part_over + t * G + q);
+            row_l1 += __ldcg(a.part_l1 + t * G + q);
+        }
     }
     if (!counts_row) return;
-    // the token's counts (row_count_code) and l1, then the grid's last token the statistics
-    const int per_tile = a.tile / 32;
-    int nnz = 0, over = 0;
-    for (int64_t tile = threadIdx.x; tile * per_tile < a.words; tile += blockDim.x) {
-        int n = 0;
-        for (int64_t w = tile * per_tile; w < min(a.words, (tile + 1) * per_tile); ++w) n += word_nnz[w];
-        nnz += n;
-        over |= n > a.slots;
-    }
-    nnz = block_reduce(nnz, [](int x, int y) { return x + y; }, nnz_scratch);
-    over = __syncthreads_or(over);
-    float row_l1 = 0.0f;
-    for (int w = 0; w < W; ++w) row_l1 += warp_l1[w];
-    serve_finish_row<false>(a, t, nnz, over, row_l1, last_record);
+    // then the grid's last token the statistics
+    serve_finish_row<false>(a, t, nnz, over != 0, row_l1, last_record);
 }
 
 // ---- serve_token: past serve_gate's tokens, one kernel after cuBLAS's gate. It replaced two

@@ -1,8 +1,8 @@
 // The serving path (a few to a few hundred tokens, 16-bit weights or FP8 rows): the active units
 // found on the device, then gathers that read each active unit's Wu and Wd rows once per token
 // (kernels/serve.cuh). Up to the plan's serve_gate tokens its own tensor-core gate (serve_gate,
-// which also forms h of the active pairs) and serve_down; past it cuBLAS's gate GEMM and
-// serve_token.
+// which also forms h of the active pairs) and serve_down (its units split into the plan's groups
+// where rows have hundreds); past it cuBLAS's gate GEMM and serve_token.
 #include "launch/launch.hpp"
 
 #include <type_traits>
@@ -50,6 +50,13 @@ void launch_serve_t(cudaStream_t stream, const FfnCall &c, bool write_h) {
     a.tile = p.tile, a.slots = p.slots, a.row_limit = s.row_limit;
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
+    // serve_down's groups, where the workspace holds their partial rows and tickets
+    const int64_t slices = ceil_div(p.dp, int64_t{kServeDownCols});
+    const bool groups_fit = sp.own_gate && s.serve_parts && slices * p.m * sp.down_groups <= kServeDownMaxBlocks &&
+                            slices * p.m <= kServeDownMaxTickets;
+    a.down_groups = groups_fit ? sp.down_groups : 1;
+    a.parts = s.serve_parts, a.part_l1 = s.serve_part_l1, a.part_nnz = s.serve_part_nnz;
+    a.part_over = s.serve_part_over, a.down_tickets = s.serve_tickets;
     // the step's statistics: by serve_stats after the last kernel (no ticket), or by the last
     // counting block behind a ticket; one token publishes them from registers either way
     if (sp.stats_kernel) a.ticket = nullptr;
@@ -83,8 +90,8 @@ void launch_serve_t(cudaStream_t stream, const FfnCall &c, bool write_h) {
         else
             p.fp8 ? launch_serve_gate<T, 2, 4, true>(stream, a) : launch_serve_gate<T, 2, 4, false>(stream, a);
         static_assert(kServeGateTokenCapacity <= 16, "serve_gate takes up to 2 x rows of 8 tokens");
-        // serve_down: a block per (256 columns, token)
-        const dim3 grid(static_cast<unsigned>(ceil_div(a.dp, int64_t{kServeDownCols})), static_cast<unsigned>(a.m));
+        // serve_down: a block per (256 columns, token, group)
+        const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(a.m), static_cast<unsigned>(a.down_groups));
         launch_dependent(p.fp8 ? serve_down<T, true> : serve_down<T, false>, grid, dim3(32 * kServeDownWarps), 0,
                          stream, st.pdl, "cudaLaunchKernelEx(serve_down)", a);
     }

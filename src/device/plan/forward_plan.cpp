@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <iterator>
 #include <string_view>
 
@@ -115,9 +116,20 @@ const char *masked_refuses(const PlanInput &in) {
     return nullptr;
 }
 
-ServePlan serve_plan(const PlanInput &in, const FfnTuning &t, bool writes_h) {
+/// serve_down's groups: one per batch of active units each of its warps would otherwise chain
+/// (a block of kServeDownWarps warps loads kServeDownBatch rows a warp at a time), as the last
+/// forward's mean suggests; at most kServeDownMaxGroups, and kServeDownMaxBlocks blocks in all.
+int serve_down_groups(const PlanInput &in, double mean_active) {
+    const int64_t slices = (in.dp + kServeDownCols - 1) / kServeDownCols, per_round = int64_t{kServeDownWarps} * kServeDownBatch;
+    const int64_t wanted = static_cast<int64_t>(std::ceil(mean_active / static_cast<double>(per_round)));
+    const int64_t room = kServeDownMaxBlocks / std::max<int64_t>(1, slices * in.m);
+    return static_cast<int>(std::clamp<int64_t>(std::min({wanted, room, int64_t{kServeDownMaxGroups}}), 1, kServeDownMaxGroups));
+}
+
+ServePlan serve_plan(const PlanInput &in, const FfnTuning &t, bool writes_h, const PlanFeedback &fb) {
     ServePlan s;
     s.own_gate = in.m <= serve_gate_max_tokens(in, t);
+    s.down_groups = s.own_gate ? serve_down_groups(in, fb.mean_active) : 1;
     s.stats_kernel = in.m > 1 && (s.own_gate ? t.serve_stats_kernel_few : t.serve_stats_kernel);
     s.token_warps = serve_token_warps(t, in.m, writes_h);
     s.token_splits = serve_token_splits(t, in.m, in.dp, writes_h, s.token_warps);
@@ -187,7 +199,7 @@ ForwardPlan plan_forward(const PlanInput &in, const PlanFeedback &fb, const FfnT
     }
 
     switch (plan.path) {
-    case FfnPath::Serve: plan.serve = serve_plan(in, t, in.writes_hidden); break;
+    case FfnPath::Serve: plan.serve = serve_plan(in, t, in.writes_hidden, fb); break;
     case FfnPath::Decode:
     case FfnPath::DenseMode: break;
     case FfnPath::Fused:

@@ -65,6 +65,7 @@ struct ServePlan {
     bool stats_kernel = false;  // serve_stats publishes (else the last block behind a ticket)
     int token_warps = 16;       // serve_token's warps a block
     int token_splits = 1;       // serve_token's column splits a token
+    int down_groups = 1;        // serve_down's blocks a (column slice, token), each over a share of the units
 };
 
 struct ForwardPlan {
