@@ -604,7 +604,8 @@ void register_conversions() {
     for (const char *profile : {"uniform-29", "llm-29"})
         for (int64_t m : {4096, 16384, 65536})  // each (profile, M) group runs on one generated matrix
             for (const auto &[variant, fn] : entries)
-                add(conv_name(variant, profile, m), fn, kShape, profile, kMaxM, m);
+                add(conv_name(variant, profile, m), fn, kShape, profile, kMaxM, m,
+                    std::string(variant).find("_queued") != std::string::npos ? kQueuedCalls : 1);
 }
 
 void release_conversions() { current.reset(); }

@@ -52,8 +52,7 @@
 // must move per second: Wg, the union of the batch's active rows of Wu and Wd, X and Y),
 // bytes_needed (those that must be read: all but Y) and read_rate (bytes_needed per second, which
 // scripts/bench-report.py sets against read_bw); serving-paper and serving-llama run one shape
-// each (the whole suite takes longer than one 10-minute device call: the paper's shape alone took
-// about 9.5 minutes on an H100). Suite conversions
+// each. Suite conversions
 // (bench_conversions.cpp): twblas's dense <-> TwELL / hybrid conversions, validate, info and the
 // hybrid transpose against cuSPARSE's dense <-> CSR on the FFN hidden activation (uniform-29 and
 // llm-29, M = 4096, 16384, 65536), host time per call sequence, with the copy bandwidth first.
@@ -102,9 +101,8 @@ void register_suite(const std::string &suite) {
         return;
     }
     // the serving sizes: the copy bandwidth first, then per shape its read floor and M = 1 to 512;
-    // serving-paper and serving-llama are its halves (the same names). On an H100 serving-paper
-    // takes more than 560 s: to stay within a 10-minute limit, run one profile at a time
-    // (--benchmark_filter='uniform-29|copy|floor', then 'llm-29|floor')
+    // serving-paper and serving-llama are its halves (the same names); a profile at a time
+    // (--benchmark_filter='uniform-29|copy|floor', then 'llm-29|floor') keeps a run short
     if (suite == "serving" || suite == "serving-paper" || suite == "serving-llama") {
         register_copy();
         const std::vector<int64_t> serving_ms{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};

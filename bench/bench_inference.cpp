@@ -405,12 +405,14 @@ void register_group(Shape s, const std::string &profile, const std::vector<int64
                     int64_t fp8_from) {
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
     for (int64_t m : ms) {
-        add(bench_name("twblas", s, profile, m), bm_twblas, s, profile, max_m, m);
-        if (m >= fp8_from) add(bench_name("twblas_fp8", s, profile, m), bm_twblas_fp8, s, profile, max_m, m);
-        add(bench_name("dense", s, profile, m), bm_dense, s, profile, max_m, m);
-        add(bench_name("dense_fused", s, profile, m), bm_dense_fused, s, profile, max_m, m);
-        add(bench_name("gate", s, profile, m), bm_gate, s, profile, max_m, m);
-        if (cusparse && m >= 512) add(bench_name("cusparse", s, profile, m), bm_cusparse, s, profile, max_m, m);
+        add(bench_name("twblas", s, profile, m), bm_twblas, s, profile, max_m, m, batch_for(m));
+        if (m >= fp8_from)
+            add(bench_name("twblas_fp8", s, profile, m), bm_twblas_fp8, s, profile, max_m, m, batch_for(m));
+        add(bench_name("dense", s, profile, m), bm_dense, s, profile, max_m, m, batch_for(m));
+        add(bench_name("dense_fused", s, profile, m), bm_dense_fused, s, profile, max_m, m, batch_for(m));
+        add(bench_name("gate", s, profile, m), bm_gate, s, profile, max_m, m, batch_for(m));
+        if (cusparse && m >= 512)  // one pipeline an iteration
+            add(bench_name("cusparse", s, profile, m), bm_cusparse, s, profile, max_m, m, 1);
         if (cpu && m <= 64) {
             auto *b =
                 benchmark::RegisterBenchmark(bench_name("cpu_twblas", s, profile, m).c_str(),
@@ -437,7 +439,7 @@ void register_copy() {
         ->Unit(benchmark::kMicrosecond)
         ->Repetitions(5)
         ->ReportAggregatesOnly(true)
-        ->MinTime(0.05);
+        ->MinTime(kMinTimedSeconds / 4);  // bm_copy's 4 copies an iteration
 }
 
 void register_read_floor(Shape s) {
@@ -447,18 +449,18 @@ void register_read_floor(Shape s) {
         ->Unit(benchmark::kMicrosecond)
         ->Repetitions(5)
         ->ReportAggregatesOnly(true)
-        ->MinTime(0.05);
+        ->MinTime(kMinTimedSeconds / batch_for(1));  // bm_read_floor's calls an iteration
 }
 
 void register_eager(Shape s, const std::string &profile, const std::vector<int64_t> &ms, int64_t max_m,
                     bool with_graph_replay) {
     for (int64_t m : ms) {
         if (with_graph_replay) {
-            add(bench_name("twblas", s, profile, m), bm_twblas, s, profile, max_m, m);
-            add(bench_name("dense", s, profile, m), bm_dense, s, profile, max_m, m);
+            add(bench_name("twblas", s, profile, m), bm_twblas, s, profile, max_m, m, batch_for(m));
+            add(bench_name("dense", s, profile, m), bm_dense, s, profile, max_m, m, batch_for(m));
         }
-        add(bench_name("twblas_eager", s, profile, m), bm_twblas_eager, s, profile, max_m, m);
-        add(bench_name("dense_eager", s, profile, m), bm_dense_eager, s, profile, max_m, m);
+        add(bench_name("twblas_eager", s, profile, m), bm_twblas_eager, s, profile, max_m, m, batch_for(m));
+        add(bench_name("dense_eager", s, profile, m), bm_dense_eager, s, profile, max_m, m, batch_for(m));
     }
 }
 

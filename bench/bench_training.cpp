@@ -206,21 +206,21 @@ void bm_train_dense(benchmark::State &state, Shape s, std::string profile, int64
 void register_train(Shape s, const std::string &profile, const std::vector<int64_t> &ms, bool save_dense) {
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
     for (int64_t m : ms) {
-        add(bench_name("train_twblas", s, profile, m), bm_train_twblas_default, s, profile, max_m, m);
+        add(bench_name("train_twblas", s, profile, m), bm_train_twblas_default, s, profile, max_m, m, 1);
         // TW_FFN_ATTR_SAVE_DENSE: what the dense-mode step gains from keeping z and u
         if (save_dense)
-            add(bench_name("train_twblas_save_dense", s, profile, m), bm_train_twblas_save_dense, s, profile, max_m, m);
-        add(bench_name("train_dense", s, profile, m), bm_train_dense, s, profile, max_m, m);
+            add(bench_name("train_twblas_save_dense", s, profile, m), bm_train_twblas_save_dense, s, profile, max_m, m, 1);
+        add(bench_name("train_dense", s, profile, m), bm_train_dense, s, profile, max_m, m, 1);
     }
 }
 
 void register_train_eager(Shape s, const std::string &profile, const std::vector<int64_t> &ms) {
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
     for (int64_t m : ms) {
-        add(bench_name("train_twblas", s, profile, m), bm_train_twblas_default, s, profile, max_m, m);
-        add(bench_name("train_twblas_eager", s, profile, m), bm_train_twblas_eager, s, profile, max_m, m);
-        add(bench_name("train_dense", s, profile, m), bm_train_dense, s, profile, max_m, m);
-        add(bench_name("train_dense_eager", s, profile, m), bm_train_dense_eager, s, profile, max_m, m);
+        add(bench_name("train_twblas", s, profile, m), bm_train_twblas_default, s, profile, max_m, m, 1);
+        add(bench_name("train_twblas_eager", s, profile, m), bm_train_twblas_eager, s, profile, max_m, m, 1);
+        add(bench_name("train_dense", s, profile, m), bm_train_dense, s, profile, max_m, m, 1);
+        add(bench_name("train_dense_eager", s, profile, m), bm_train_dense_eager, s, profile, max_m, m, 1);
     }
 }
 

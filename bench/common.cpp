@@ -1,5 +1,6 @@
 #include "common.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -157,13 +158,14 @@ int repetitions_now = 5;
 
 void set_repetitions(int repetitions) { repetitions_now = repetitions; }
 
-void add(const std::string &name, BenchFn fn, Shape s, const std::string &profile, int64_t max_m, int64_t m) {
+void add(const std::string &name, BenchFn fn, Shape s, const std::string &profile, int64_t max_m, int64_t m,
+         int calls_per_iteration) {
     auto *b = benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State &st) { fn(st, s, profile, max_m, m); });
     b->UseManualTime()
         ->Unit(benchmark::kMicrosecond)
         ->Repetitions(repetitions_now)
         ->ReportAggregatesOnly(true)
-        ->MinTime(0.05);
+        ->MinTime(kMinTimedSeconds / std::max(1, calls_per_iteration));
 }
 
 }  // namespace twbench

@@ -156,8 +156,15 @@ void time_graphs(benchmark::State &state, int batch, std::vector<cudaGraphExec_t
 
 using BenchFn = void (*)(benchmark::State &, Shape, std::string, int64_t, int64_t);
 std::string bench_name(const char *variant, Shape s, const std::string &profile, int64_t m);
-/// A GPU benchmark: manual time in microseconds, median of `repetitions` (set_repetitions, 5 by default).
-void add(const std::string &name, BenchFn fn, Shape s, const std::string &profile, int64_t max_m, int64_t m);
+/// Each repetition's timed loop runs about this long. The timers report a call's time (an
+/// iteration's divided by its calls), and Google Benchmark's minimum time counts that reported
+/// time, so a benchmark asks for kMinTimedSeconds / calls an iteration: at 20 calls an iteration
+/// a minimum of 0.05 s would run each repetition for a second.
+constexpr double kMinTimedSeconds = 0.05;
+/// A GPU benchmark: manual time in microseconds, median of `repetitions` (set_repetitions, 5 by
+/// default); `calls_per_iteration`: what its timer divides an iteration's time by.
+void add(const std::string &name, BenchFn fn, Shape s, const std::string &profile, int64_t max_m, int64_t m,
+         int calls_per_iteration);
 /// The repetitions of the benchmarks add() registers from now on (a long suite takes fewer).
 void set_repetitions(int repetitions);
 
