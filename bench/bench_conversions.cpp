@@ -591,21 +591,25 @@ std::string conv_name(const char *variant, const std::string &profile, int64_t m
 }  // namespace
 
 void register_conversions() {
-    const std::pair<const char *, BenchFn> entries[] = {
+    struct Entry {
+        const char *variant;
+        BenchFn fn;
+        int calls_per_iteration = 1;  // what its timer divides an iteration's time by
+    };
+    const Entry entries[] = {
         {"twblas_dense_to_twell", bm_dense_to_twell},        {"twblas_dense_to_twell_convert", bm_dense_to_twell_convert},
         {"twblas_twell_to_dense", bm_twell_to_dense},
         {"twblas_twell_validate", bm_twell_validate},        {"twblas_twell_info", bm_twell_info},
         {"twblas_dense_to_hybrid", bm_dense_to_hybrid},      {"twblas_hybrid_transpose", bm_hybrid_transpose},
         {"cusparse_dense_to_csr", bm_cusparse_dense_to_csr}, {"cusparse_csr_to_dense", bm_cusparse_csr_to_dense},
         {"twblas_gemm_to_twell", bm_gemm_to_twell},          {"cublas_gate_gemm", bm_cublas_gate_gemm},
-        {"twblas_twell_to_dense_queued", bm_twell_to_dense_queued},
-        {"cusparse_csr_to_dense_queued", bm_cusparse_csr_to_dense_queued},
+        {"twblas_twell_to_dense_queued", bm_twell_to_dense_queued, kQueuedCalls},
+        {"cusparse_csr_to_dense_queued", bm_cusparse_csr_to_dense_queued, kQueuedCalls},
     };
     for (const char *profile : {"uniform-29", "llm-29"})
         for (int64_t m : {4096, 16384, 65536})  // each (profile, M) group runs on one generated matrix
-            for (const auto &[variant, fn] : entries)
-                add(conv_name(variant, profile, m), fn, kShape, profile, kMaxM, m,
-                    std::string(variant).find("_queued") != std::string::npos ? kQueuedCalls : 1);
+            for (const Entry &e : entries)
+                add(conv_name(e.variant, profile, m), e.fn, kShape, profile, kMaxM, m, e.calls_per_iteration);
 }
 
 void release_conversions() { current.reset(); }
