@@ -92,8 +92,10 @@ void launch_serve_t(cudaStream_t stream, const FfnCall &c, bool write_h) {
         static_assert(kServeGateTokenCapacity <= 16, "serve_gate takes up to 2 x rows of 8 tokens");
         // serve_down: a block per (256 columns, token, group)
         const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(a.m), static_cast<unsigned>(a.down_groups));
-        launch_dependent(p.fp8 ? serve_down<T, true> : serve_down<T, false>, grid, dim3(32 * kServeDownWarps), 0,
-                         stream, st.pdl, "cudaLaunchKernelEx(serve_down)", a);
+        const bool groups = a.down_groups > 1;
+        auto *down = p.fp8 ? (groups ? serve_down<T, true, true> : serve_down<T, true, false>)
+                           : (groups ? serve_down<T, false, true> : serve_down<T, false, false>);
+        launch_dependent(down, grid, dim3(32 * kServeDownWarps), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_down)", a);
     }
     if (sp.stats_kernel)
         launch_dependent(serve_stats<T>, dim3(1), dim3(32), 0, stream, st.pdl, "cudaLaunchKernelEx(serve_stats)", a);
