@@ -445,6 +445,12 @@ template <class T> __device__ inline uint4 serve_down_start(const ServeArgs<T> &
 // groups' code (~0.4 us at one token in the grouped instance, H200).
 constexpr int64_t kServeMaxWords = 2048;  // H <= 65536 (kMaxSparseCols, checked when the FFN is made)
 
+/// Group g of G's first mask word (G: the end): whole TwELL tiles, so that its tiles' counts are complete.
+template <class T> __device__ inline int64_t serve_group_first_word(const ServeArgs<T> &a, int g, int G) {
+    const int64_t per_tile = a.tile / 32, tiles = (a.words + per_tile - 1) / per_tile;
+    return min(a.words, tiles * g / G * per_tile);
+}
+
 template <class T, bool FP8 = false, bool kGroups = false>
 __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> a) {
     constexpr int E = Chunk<T>::n, W = kServeDownWarps, B = kServeDownBatch;
@@ -456,11 +462,10 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     const int64_t t = blockIdx.y, col0 = static_cast<int64_t>(blockIdx.x) * kServeDownCols + lane * E;
     const bool counts_row = blockIdx.x == 0;
-    // the group's words: whole TwELL tiles (so that its tiles' counts are complete)
+    // the group's words (all of them with one group)
     const int G = kGroups ? static_cast<int>(gridDim.z) : 1, g = kGroups ? static_cast<int>(blockIdx.z) : 0;
-    const int64_t per_tile = a.tile / 32, tiles = (a.words + per_tile - 1) / per_tile;
-    const int64_t gw0 = kGroups ? min(a.words, tiles * g / G * per_tile) : 0;
-    const int64_t gw1 = kGroups ? min(a.words, tiles * (g + 1) / G * per_tile) : a.words;
+    const int64_t gw0 = kGroups ? serve_group_first_word(a, g, G) : 0;
+    const int64_t gw1 = kGroups ? serve_group_first_word(a, g + 1, G) : a.words;
     const uint4 last_record = serve_down_start(a, counts_row);  // after serve_gate
     const uint32_t *mw = a.masks + t * a.words;
     const T *hrow = a.gate + t * a.ldg;
@@ -531,7 +536,8 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     int nnz = 0, over = 0;
     float row_l1 = 0.0f;
     if (counts_row) {
-        for (int64_t tile = (kGroups ? gw0 / per_tile : 0) + threadIdx.x; tile * per_tile < gw1; tile += blockDim.x) {
+        const int64_t per_tile = a.tile / 32;  // formed here: live across the loop above it cost a spill
+        for (int64_t tile = gw0 / per_tile + threadIdx.x; tile * per_tile < gw1; tile += blockDim.x) {
             int n = 0;
             for (int64_t w = tile * per_tile; w < min(gw1, (tile + 1) * per_tile); ++w) n += word_nnz[w];
             nnz += n;
