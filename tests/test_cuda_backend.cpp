@@ -885,6 +885,37 @@ TEST_CASE("CUDA FFN: TW_COMPUTE_FP8_WEIGHTS against the reference's FP8 forward"
     check_forward(c, run_ffn(c, data, TW_BACKEND_CUDA), expected_forward(c, data));
 }
 
+TEST_CASE("CUDA FFN: the serving path's FP8 instances in serve_down's groups against the reference's FP8 forward",
+          "[cuda][ffn][fp8]") {
+    // 300 units a token of 16384 (under the dense path's row limit, 512, and every tile's capacity):
+    // after the first forward the plan gives serve_down three groups a (slice, token); the second
+    // forward is checked row by row against the reference's FP8 forward
+    uint64_t seed = 90;
+    for (int64_t m : {1, 5, 16})
+        for (bool gated : {true, false}) {
+            FfnCase c;
+            c.mode = TW_COMPUTE_FP8_WEIGHTS;
+            c.algorithm = TW_FFN_ALG_SERVE;
+            c.k = 300;
+            c.h = 16384;
+            c.d = 264;
+            c.m = m;
+            c.gated = gated;
+            c.seed = ++seed;
+            INFO(describe(c));
+            const FfnData data = make_data(c);
+            FfnCase def = c;
+            def.mode = TW_COMPUTE_DEFAULT;
+            const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU), cpu_default = run_ffn(def, data, TW_BACKEND_CPU);
+            REQUIRE(cpu.stats.meanRowNnz > 2 * 128);
+            REQUIRE(cpu.stats.overflowRows == 0);
+            const FfnResult got = run_ffn(c, data, TW_BACKEND_CUDA, FfnRun().times(2).with_stats_between());
+            const int64_t fp8_rows = check_fp8_rows(c, got, cpu, cpu_default);
+            CHECK(compare(got.y, cpu_default.y, c.d).rel > 1e-3);
+            CHECK(fp8_rows == c.m);
+        }
+}
+
 TEST_CASE("CUDA FFN: FP8 weights fall back to the 16-bit weights where a forward runs dense", "[cuda][ffn][fp8]") {
     // 40 units a token, past H / 128 but under the dense path's row limit (64): after the first
     // forward the statistics ask for dense mode, and FP8 follows DEFAULT there (cuBLAS on the
