@@ -6,6 +6,8 @@
 #pragma once
 
 #include <functional>
+#include <utility>
+#include <vector>
 #include <sstream>
 #include <string>
 
@@ -110,13 +112,15 @@ struct FfnResult {
 /// How run_ffn runs: `repeats` forwards on one FFN, each followed by (blocking) statistics when
 /// `stats_between`; a first forward on `warm_x` whose statistics steer the paths of the others;
 /// the neuron counts also read after twFfnResetNeuronCounts; and `replay`, which runs the
-/// forwards some other way (the CUDA programs: captured into a CUDA graph and replayed).
+/// forwards some other way (the CUDA programs: captured into a CUDA graph and replayed); tuning
+/// knobs set on a CUDA FFN (twFfnSetTuning).
 struct FfnRun {
     using Step = std::function<twStatus_t()>;
     int repeats = 1;
     bool stats_between = false, reset_counts = false;
     const std::vector<float> *warm_x = nullptr;
     std::function<void(twHandle_t, int, const Step &)> replay;
+    std::vector<std::pair<const char *, double>> knobs;
 
     FfnRun &times(int n) {
         repeats = n;
@@ -132,6 +136,10 @@ struct FfnRun {
     }
     FfnRun &warmed_with(const std::vector<float> *x) {
         warm_x = x;
+        return *this;
+    }
+    FfnRun &tuned(const char *knob, double value) {
+        knobs.emplace_back(knob, value);
         return *this;
     }
     FfnRun &replayed(std::function<void(twHandle_t, int, const Step &)> r) {
@@ -182,6 +190,8 @@ inline FfnResult run_ffn(const FfnCase &c, const FfnData &data, twBackend_t back
             TW_STATUS_SUCCESS);
     const int32_t algorithm = c.algorithm;
     REQUIRE(twFfnSetAttribute(ffn, TW_FFN_ATTR_ALGORITHM, &algorithm, sizeof algorithm) == TW_STATUS_SUCCESS);
+    if (backend == TW_BACKEND_CUDA)
+        for (const auto &[knob, value] : run.knobs) REQUIRE(twFfnSetTuning(ffn, knob, value) == TW_STATUS_SUCCESS);
 
     const twDataType_t htype = hidden_type(c);
     const int64_t backup = std::min(c.backup_rows, c.m);

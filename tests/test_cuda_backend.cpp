@@ -227,10 +227,17 @@ TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the refer
                 if (hidden) CHECK(gpu.hidden_info.nnz == Approx(cpu.hidden_info.nnz).epsilon(0.01));
             }
     // and the same with small-integer data: bit-identical in dense mode too, every unit's count
-    // exact. Up to 64 tokens the statistics run beside the down GEMM (M = 40); past them with h,
-    // rows a block from 1 (M = 100) to 64 (M = 17000, its most), clusters of 8 adding the counts
-    // on sm_90 (a partial last cluster at 100 and 17000 tokens); H a whole and a part-filled last
-    // step; H = 9000 two batches of loads a row for the first warps, three rows a block
+    // exact, whichever way the statistics are formed (the tuning's choice, then each of the
+    // three forced): beside the down GEMM, or with h with the counts by atomics or in shared
+    // memory, rows a block from 1 (M = 100) to 64 (M = 17000, its most), clusters of 8 adding
+    // the counts on sm_90 (a partial last cluster at 100 and 17000 tokens); H a whole and a
+    // part-filled last step; H = 9000 two batches of loads a row for the first warps, three rows
+    // a block
+    struct Variant {
+        const char *name;
+        double beside_max_tokens, atomics_max_values;
+    };
+    const Variant variants[] = {{"the tuning's", -1, -1}, {"beside", 1e9, 0}, {"atomics", 0, 1e15}, {"shared", 0, 0}};
     struct Shape {
         int64_t m, d, h;
     };
@@ -247,24 +254,32 @@ TEST_CASE("CUDA FFN: dense mode (chosen after a dense forward) matches the refer
             c.hidden = 1;
             const FfnData data = make_data(c);
             const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
-            const FfnResult gpu = run_ffn(c, data, TW_BACKEND_CUDA, FfnRun().times(2).with_stats_between());
             INFO("M " << s.m << " H " << s.h << (gated ? " gated" : " plain"));
             REQUIRE(cpu.stats.meanRowNnz > s.h / 128.0);
-            REQUIRE(gpu.y_bits.size() == cpu.y_bits.size());
-            int64_t wrong_y = 0, first = -1;
-            for (size_t k = 0; k < cpu.y_bits.size(); ++k)
-                if (gpu.y_bits[k] != cpu.y_bits[k]) wrong_y += 1, first = first < 0 ? static_cast<int64_t>(k) : first;
-            INFO("first different y: row " << first / s.d << " column " << first % s.d);
-            CHECK(wrong_y == 0);
-            // two forwards (sparse, then dense mode) on the GPU, one on the CPU
-            REQUIRE(gpu.counts.size() == cpu.counts.size());
-            int64_t wrong = 0;
-            for (size_t j = 0; j < cpu.counts.size(); ++j) wrong += gpu.counts[j] != 2 * cpu.counts[j];
-            CHECK(wrong == 0);
-            CHECK(gpu.hidden_bits == cpu.hidden_bits);
-            CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(1e-6));
-            CHECK(gpu.stats.overflowRows == cpu.stats.overflowRows);
-            CHECK(gpu.stats.maxRowNnz == cpu.stats.maxRowNnz);
+            for (const Variant &v : variants) {
+                FfnRun run = FfnRun().times(2).with_stats_between();
+                if (v.beside_max_tokens >= 0)
+                    run.tuned("dense_stats_beside_max_tokens", v.beside_max_tokens)
+                        .tuned("dense_stats_atomics_max_values", v.atomics_max_values);
+                const FfnResult gpu = run_ffn(c, data, TW_BACKEND_CUDA, run);
+                INFO("statistics: " << v.name);
+                REQUIRE(gpu.y_bits.size() == cpu.y_bits.size());
+                int64_t wrong_y = 0, first = -1;
+                for (size_t k = 0; k < cpu.y_bits.size(); ++k)
+                    if (gpu.y_bits[k] != cpu.y_bits[k])
+                        wrong_y += 1, first = first < 0 ? static_cast<int64_t>(k) : first;
+                INFO("first different y: row " << first / s.d << " column " << first % s.d);
+                CHECK(wrong_y == 0);
+                // two forwards (sparse, then dense mode) on the GPU, one on the CPU
+                REQUIRE(gpu.counts.size() == cpu.counts.size());
+                int64_t wrong = 0;
+                for (size_t j = 0; j < cpu.counts.size(); ++j) wrong += gpu.counts[j] != 2 * cpu.counts[j];
+                CHECK(wrong == 0);
+                CHECK(gpu.hidden_bits == cpu.hidden_bits);
+                CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(1e-6));
+                CHECK(gpu.stats.overflowRows == cpu.stats.overflowRows);
+                CHECK(gpu.stats.maxRowNnz == cpu.stats.maxRowNnz);
+            }
         }
 }
 

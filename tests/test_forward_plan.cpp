@@ -141,6 +141,15 @@ TEST_CASE("plan: dense mode from the statistics", "[plan]") {
     CHECK(p.path == FfnPath::TwoPass);
     CHECK(p.cublas_rows == 128);  // 1.25 x 5.13 + 64, rounded up to 64
     CHECK(dense_path_cublas_rows(0.5, 100) == 100);  // never past the tokens
+    // its statistics: beside the down GEMM up to 128 tokens, then with h, counting by atomics
+    // while tokens x units <= 262144, else in shared memory
+    CHECK(plan_forward(paper(128), dense, {}).dense_stats == DenseStats::Beside);
+    CHECK(plan_forward(paper(129), dense, {}).dense_stats == DenseStats::Atomics);
+    CHECK(plan_forward(paper(300), heavy, {}).dense_stats == DenseStats::Atomics);
+    CHECK(plan_forward(paper(437), dense, {}).dense_stats == DenseStats::SharedCounts);  // 262200 values
+    FfnTuning counts_in_shared;
+    counts_in_shared.dense_stats_atomics_max_values = 0;
+    CHECK(plan_forward(paper(300), heavy, counts_in_shared).dense_stats == DenseStats::SharedCounts);
     // deterministic mode never switches (its bits would depend on history)
     PlanInput det = paper(16384);
     det.deterministic = true;
@@ -332,7 +341,7 @@ TEST_CASE("plan: tuning knobs by name", "[plan]") {
         REQUIRE(get_tuning_knob(t, *n, &v));
         CHECK(set_tuning_knob(t, *n, v));  // every default is in its own range
     }
-    CHECK(names.size() == 17);
+    CHECK(names.size() == 19);
     CHECK(set_tuning_knob(t, "two_pass_min_tokens", 300));
     CHECK(t.two_pass_min_tokens == 300);
     CHECK_FALSE(set_tuning_knob(t, "two_pass_min_tokens", 2.5));

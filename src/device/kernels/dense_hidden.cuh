@@ -91,12 +91,15 @@ __device__ __forceinline__ void for_warp_steps(const T *a, const T *b, bool b_on
 
 /// Blocks of a few rows each: each block's rows one after another, its 8 warps over a row's
 /// 256-column steps side by side (each row's sums: a butterfly a warp, then the warps in order,
-/// as dense_row_stats sums: both give the same bits). A lane owns the same columns on every row,
-/// so it counts each of its units' activations in shared memory without atomics (8 x 16 bits a
-/// chunk), and the block (or, with clusters, one rank per column slice) adds them to the global
-/// counts once. h is written +0 past column `cols` up to ldg.
-template <class T, int N>
+/// as dense_row_stats sums: both give the same bits). h is written +0 past column `cols` up to
+/// ldg. The per-unit counts, kSharedCounts: a lane owns the same columns on every row, so it
+/// counts each of its units' activations in shared memory without atomics (8 x 16 bits a chunk),
+/// and the block (or, with N-block clusters, one rank per column slice) adds them to the global
+/// counts once: H atomics a block or cluster, whatever the activity. Otherwise one atomic an
+/// active value, which costs less where few units are active (N = 1, no shared counts).
+template <class T, int N, bool kSharedCounts>
 __global__ void __launch_bounds__(32 * kHiddenWarps) form_hidden_stats(HiddenStatsArgs<T> a) {
+    static_assert(kSharedCounts || N == 1, "clusters add shared counts");
     static_assert(Chunk<T>::n == 8, "16-bit values: a lane's 8 columns, a warp's 256");
     extern __shared__ uint4 s_counts[];  // ldg / 8 chunks of eight 16-bit counts
     __shared__ int s_units[kHiddenMaxRows][kHiddenWarps];
@@ -106,7 +109,8 @@ __global__ void __launch_bounds__(32 * kHiddenWarps) form_hidden_stats(HiddenSta
     if (blockIdx.x == 0 && threadIdx.x < 2) a.header[threadIdx.x] = 0;
     const int64_t chunks = a.ldg / 8;  // ldg is a multiple of 8
     // chunk i belongs to thread i % blockDim.x below: zeroed by it, no barrier needed
-    for (int64_t i = threadIdx.x; i < chunks; i += blockDim.x) s_counts[i] = make_uint4(0, 0, 0, 0);
+    if (kSharedCounts)
+        for (int64_t i = threadIdx.x; i < chunks; i += blockDim.x) s_counts[i] = make_uint4(0, 0, 0, 0);
     const int lanes_per_tile = a.tile / 8;
     const int64_t r0 = static_cast<int64_t>(blockIdx.x) * a.rows_per_block;
     const int64_t r1 = min(a.m, r0 + a.rows_per_block);
@@ -125,7 +129,11 @@ __global__ void __launch_bounds__(32 * kHiddenWarps) form_hidden_stats(HiddenSta
                               if (cl < a.ldg) *reinterpret_cast<uint4 *>(h + cl) = *reinterpret_cast<const uint4 *>(out);
                               const unsigned mask =
                                   chunk_activity<T>(zq, cl, a.cols, lanes_per_tile, a.slots, units, over);
-                              if (mask) {  // a 16-bit count a unit: bit i of the mask to half i % 2 of word i / 2
+                              if (!kSharedCounts) {
+                                  if (a.neuron_counts)
+                                      for (int i = 0; i < 8; ++i)
+                                          if (mask >> i & 1u) atomicAdd(a.neuron_counts + cl + i, 1ull);
+                              } else if (mask) {  // a 16-bit count a unit: bit i of the mask to half i % 2 of word i / 2
                                   uint4 &q = s_counts[cl / 8];
                                   q.x += (mask & 1u) | (mask >> 1 & 1u) << 16;
                                   q.y += (mask >> 2 & 1u) | (mask >> 3 & 1u) << 16;
@@ -150,7 +158,7 @@ __global__ void __launch_bounds__(32 * kHiddenWarps) form_hidden_stats(HiddenSta
         a.count[r0 + r] = row_count_code(row_total, row_over, a.row_limit);
         a.row_l1[r0 + r] = row_l1;
     }
-    if (!a.neuron_counts) return;  // the same for every block
+    if (!kSharedCounts || !a.neuron_counts) return;  // the same for every block
     // the chunks [c0, c1) this block adds: all of them, or with clusters its rank's share of
     // the cluster's sums
     int64_t c0 = 0, c1 = chunks;
@@ -189,7 +197,7 @@ __global__ void __launch_bounds__(32 * kHiddenWarps) form_hidden_stats(HiddenSta
     }
 }
 
-// ---- a few tokens (kStatsBesideMaxTokens, launch/dense_mode.cu): h alone, then the statistics
+// ---- a few tokens (the tuning's dense_stats_beside_max_tokens): h alone, then the statistics
 // beside the down GEMM, which leaves SMs free there
 
 /// h = relu(z) * u rounded to T (gated; relu(z) for a plain FFN, u NULL) into `h`, which may be u

@@ -22,16 +22,11 @@ GemmOperand down_t_operand(const FfnWeights &w, const FfnProblem &p) {
     return {w.down, p.d, p.h, w.down_ld, TW_ORDER_COL, p.type};
 }
 
-/// Up to this many tokens h alone before the down GEMM and the statistics beside it, which
-/// leaves SMs free there; past them one pass forms both before it. H200, llm-29, same call, one
-/// pass against this: 4 / 16 / 64 tokens 30.8 / 31.5 / 35.2 us against 28.6 / 31.0 / 32.3, 256
-/// level (43.7 / 44.0); 512 x 2816 active units 73.1 against 87.9 (docs/performance-notes.md).
-constexpr int64_t kStatsBesideMaxTokens = 64;
-
 /// h and the statistics by one pass (kernels/dense_hidden.cuh): blocks of a few rows (about two
-/// blocks an SM).
+/// blocks an SM), the per-unit counts in shared memory (clusters adding them where compute_90+
+/// code runs) or by an atomic an active value.
 template <class T>
-void launch_form_hidden_stats(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b) {
+void launch_form_hidden_stats(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b, bool shared_counts) {
     const FfnProblem &p = c.p;
     const FfnScratch &s = c.s;
     CudaFfnState &st = c.st;
@@ -46,14 +41,17 @@ void launch_form_hidden_stats(cudaStream_t stream, const FfnCall &c, const Dense
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1, a.header = s.header;
     const size_t shared = hidden_stats_shared_bytes(s.ldg);
     const int64_t blocks = std::max<int64_t>(1, ceil_div(p.m, rows));
-    if (st.pdl) {  // compute_90+ code runs: clusters (elsewhere each block adds its own counts)
-        auto *kernel = form_hidden_stats<T, kHiddenCluster>;
+    if (!shared_counts) {
+        form_hidden_stats<T, 1, false><<<static_cast<unsigned>(blocks), 32 * kHiddenWarps, 0, stream>>>(a);
+        check_launch("form_hidden_stats");
+    } else if (st.pdl) {  // compute_90+ code runs: clusters (elsewhere each block adds its own counts)
+        auto *kernel = form_hidden_stats<T, kHiddenCluster, true>;
         allow_dynamic_smem(kernel, shared, kHiddenStaticBytes);
         launch_in_clusters(kernel, dim3(static_cast<unsigned>(ceil_div(blocks, kHiddenCluster) * kHiddenCluster)),
                            dim3(32 * kHiddenWarps), kHiddenCluster, shared, stream,
                            "cudaLaunchKernelEx(form_hidden_stats)", a);
     } else {
-        auto *kernel = form_hidden_stats<T, 1>;
+        auto *kernel = form_hidden_stats<T, 1, true>;
         allow_dynamic_smem(kernel, shared, kHiddenStaticBytes);
         kernel<<<static_cast<unsigned>(blocks), 32 * kHiddenWarps, shared, stream>>>(a);
         check_launch("form_hidden_stats");
@@ -122,14 +120,15 @@ void run_dense_mode_t(cudaStream_t stream, const FfnCall &c, const DenseModeBuff
         zs.gate = b.z;
         run_gate_gemm(stream, st, p, gemm_operand(c.x), zs);
     }
-    // beside also where a block cannot hold a count for every unit (H past ~48 k on GPUs with
-    // 99 KB of shared memory a block)
-    const bool beside = p.m <= kStatsBesideMaxTokens ||
-                        hidden_stats_shared_bytes(s.ldg) + kHiddenStaticBytes > static_cast<size_t>(st.smem_optin);
+    // counts by atomics also where a block cannot hold a count for every unit (H past ~48 k on
+    // GPUs with 99 KB of shared memory a block)
+    const bool beside = c.plan.dense_stats == DenseStats::Beside;
+    const bool shared_counts = c.plan.dense_stats == DenseStats::SharedCounts &&
+                               hidden_stats_shared_bytes(s.ldg) + kHiddenStaticBytes <= static_cast<size_t>(st.smem_optin);
     if (beside)
         launch_form_hidden<T>(stream, c, b);
     else
-        launch_form_hidden_stats<T>(stream, c, b);
+        launch_form_hidden_stats<T>(stream, c, b, shared_counts);
     // the statistics published beside the down GEMM (few tokens: all of them; else finalize, one
     // block); the GEMM enqueued first, so that its tiles take the SMs
     st.branch.mark(stream);

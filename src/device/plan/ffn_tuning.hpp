@@ -26,6 +26,8 @@ struct FfnTuning {
     double dense_mode_dense_share = 0.25;              // or more of its rows on the dense path than this
     int64_t dense_rows_dense_mode_max_tokens = 512;    // after rows on the dense path, up to this many tokens
     double dense_mode_gather_share = 0.34;  // few tokens still gather while tokens x units <= H x this
+    int64_t dense_stats_beside_max_tokens = 128;      // h alone, the statistics beside the down GEMM, up to here
+    int64_t dense_stats_atomics_max_values = 262144;  // past it, an atomic an active value while tokens x units <= this
 
     // ---- the sparse paths past serving
     int64_t masked_gate_min_tokens = 257;    // the masked gate GEMM (sm_90a) from here

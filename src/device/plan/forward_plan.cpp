@@ -200,8 +200,13 @@ ForwardPlan plan_forward(const PlanInput &in, const PlanFeedback &fb, const FfnT
 
     switch (plan.path) {
     case FfnPath::Serve: plan.serve = serve_plan(in, t, in.writes_hidden, fb); break;
-    case FfnPath::Decode:
-    case FfnPath::DenseMode: break;
+    case FfnPath::Decode: break;
+    case FfnPath::DenseMode:
+        plan.dense_stats = in.m <= t.dense_stats_beside_max_tokens ? DenseStats::Beside
+                           : static_cast<double>(in.m) * fb.mean_active <= static_cast<double>(t.dense_stats_atomics_max_values)
+                               ? DenseStats::Atomics
+                               : DenseStats::SharedCounts;
+        break;
     case FfnPath::Fused:
     case FfnPath::TwoPass:
         if (plan.masked_gate) plan.masked_gate_tile_n = masked_gate_tile_n(in.m, in.h, in.sm_count);
@@ -243,6 +248,8 @@ const Knob kKnobs[] = {
     TW_SHARE(dense_mode_dense_share),
     TW_COUNT(dense_rows_dense_mode_max_tokens),
     TW_SHARE(dense_mode_gather_share),
+    TW_COUNT(dense_stats_beside_max_tokens),
+    TW_COUNT(dense_stats_atomics_max_values),
     TW_COUNT(masked_gate_min_tokens),
     TW_COUNT(two_pass_min_tokens),
     TW_COUNT(fwd_u_lists_max_tokens),

@@ -68,12 +68,18 @@ struct ServePlan {
     int down_groups = 1;        // serve_down's blocks a (column slice, token), each over a share of the units
 };
 
+/// How dense mode forms the statistics: beside the down GEMM after h alone (form_hidden, then
+/// dense_row_stats), or with h in one pass before it, counting each unit's activations by one
+/// atomic an active value or in shared memory (H atomics a cluster of blocks).
+enum class DenseStats { Beside, Atomics, SharedCounts };
+
 struct ForwardPlan {
     FfnPath path = FfnPath::Fused;
     bool masked_gate = false;     // the gate by the masked gate GEMM, lists from its unit words
     int masked_gate_tile_n = 256; // its tile width, 256 or 192
     bool lists_in_fwd_u = false;  // fwd_u lists its own row from the words
     int64_t cublas_rows = 0;      // rows of the dense list through cuBLAS GEMMs (the rest gathered)
+    DenseStats dense_stats = DenseStats::SharedCounts;  // dense mode's statistics
     ServePlan serve;
 };
 
