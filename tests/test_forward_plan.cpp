@@ -147,6 +147,10 @@ TEST_CASE("plan: dense mode from the statistics", "[plan]") {
     CHECK(plan_forward(paper(129), dense, {}).dense_stats == DenseStats::Atomics);
     CHECK(plan_forward(paper(300), heavy, {}).dense_stats == DenseStats::Atomics);
     CHECK(plan_forward(paper(437), dense, {}).dense_stats == DenseStats::SharedCounts);  // 262200 values
+    // beside, the down GEMM leaves min(16, tokens / 2) SMs to the statistics (132 here)
+    CHECK(plan_forward(paper(16), dense, {}).down_gemm_sms == 124);
+    CHECK(plan_forward(paper(128), dense, {}).down_gemm_sms == 116);
+    CHECK(plan_forward(paper(300), heavy, {}).down_gemm_sms == 0);
     FfnTuning counts_in_shared;
     counts_in_shared.dense_stats_atomics_max_values = 0;
     CHECK(plan_forward(paper(300), heavy, counts_in_shared).dense_stats == DenseStats::SharedCounts);
@@ -341,7 +345,7 @@ TEST_CASE("plan: tuning knobs by name", "[plan]") {
         REQUIRE(get_tuning_knob(t, *n, &v));
         CHECK(set_tuning_knob(t, *n, v));  // every default is in its own range
     }
-    CHECK(names.size() == 19);
+    CHECK(names.size() == 20);
     CHECK(set_tuning_knob(t, "two_pass_min_tokens", 300));
     CHECK(t.two_pass_min_tokens == 300);
     CHECK_FALSE(set_tuning_knob(t, "two_pass_min_tokens", 2.5));

@@ -45,10 +45,10 @@ GemmRunner::~GemmRunner() {
 }
 
 GemmRunner::Plan &GemmRunner::plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z,
-                                       size_t workspace_bytes, const GemmBatch &batch) {
+                                       size_t workspace_bytes, const GemmBatch &batch, GemmSms sms) {
     const Key key{a.rows, b.rows, a.cols, a.ld, b.ld, z.ld, a.order, b.order, a.type, z.type,
                   static_cast<int>(workspace_bytes >> 20), batch.count, batch.a_stride, batch.b_stride,
-                  batch.z_stride};
+                  batch.z_stride, sms.target};
     auto it = plans_.find(key);
     if (it != plans_.end()) {
         it->second.last_use = ++clock_;
@@ -71,6 +71,11 @@ GemmRunner::Plan &GemmRunner::plan_for(const GemmOperand &a, const GemmOperand &
     const cublasOperation_t ta = a.order == TW_ORDER_ROW ? CUBLAS_OP_N : CUBLAS_OP_T;
     check_lt(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &tb, sizeof(tb)), "transa");
     check_lt(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &ta, sizeof(ta)), "transb");
+    if (sms.target > 0) {
+        const int32_t target = sms.target;
+        check_lt(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)),
+                 "SM count target");
+    }
     check_lt(cublasLtMatrixLayoutCreate(&plan->lb, cuda_type(b.type), b.order == TW_ORDER_ROW ? k : n,
                                         b.order == TW_ORDER_ROW ? n : k, b.ld),
              "layout B");
@@ -113,7 +118,8 @@ GemmRunner::Plan &GemmRunner::plan_for(const GemmOperand &a, const GemmOperand &
 }
 
 void GemmRunner::run(cudaStream_t stream, float alpha, const GemmOperand &a, const GemmOperand &b,
-                     const GemmOutput &z, void *workspace, size_t workspace_bytes, const GemmBatch &batch) {
+                     const GemmOutput &z, void *workspace, size_t workspace_bytes, const GemmBatch &batch,
+                     GemmSms sms) {
     if (a.rows == 0 || b.rows == 0) return;
     if (a.cols == 0) {  // empty sum: Z = 0 (cuBLASLt wants K >= 1)
         const size_t eb = z.type == TW_R_32F ? 4 : 2;
@@ -124,7 +130,7 @@ void GemmRunner::run(cudaStream_t stream, float alpha, const GemmOperand &a, con
         return;
     }
     std::lock_guard<std::mutex> lock(mutex_);  // held while the plan is used: eviction cannot free it
-    Plan &p = plan_for(a, b, z, workspace_bytes, batch);
+    Plan &p = plan_for(a, b, z, workspace_bytes, batch, sms);
     const float beta = 0.0f;
     check_lt(cublasLtMatmul(lt_, p.op, &alpha, b.ptr, p.lb, a.ptr, p.la, &beta, z.ptr, p.lz, z.ptr, p.lz, &p.algo,
                             workspace, workspace_bytes, stream),

@@ -42,6 +42,11 @@ struct GemmBatch {
     int count = 1;
     int64_t a_stride = 0, b_stride = 0, z_stride = 0;
 };
+/// The SMs cuBLASLt's heuristic sizes the GEMM for (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET): fewer
+/// than the GPU's leaves the rest to kernels running beside it. 0: all of them.
+struct GemmSms {
+    int target = 0;
+};
 
 class GemmRunner {
   public:
@@ -56,14 +61,14 @@ class GemmRunner {
     /// Enqueues Z = alpha * A * B^T on `stream` (each GEMM of `batch`). Accumulation is fp32 (true
     /// fp32 for fp32 data).
     void run(cudaStream_t stream, float alpha, const GemmOperand &a, const GemmOperand &b, const GemmOutput &z,
-             void *workspace, size_t workspace_bytes, const GemmBatch &batch = {});
+             void *workspace, size_t workspace_bytes, const GemmBatch &batch = {}, GemmSms sms = {});
 
   private:
     struct Plan;
     using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, int, int, int64_t,
-                           int64_t, int64_t>;
+                           int64_t, int64_t, int>;
     Plan &plan_for(const GemmOperand &a, const GemmOperand &b, const GemmOutput &z, size_t workspace_bytes,
-                   const GemmBatch &batch);
+                   const GemmBatch &batch, GemmSms sms);
     cublasLtHandle_t lt_ = nullptr;
     std::mutex mutex_;
     struct Cached {

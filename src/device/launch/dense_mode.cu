@@ -133,7 +133,7 @@ void run_dense_mode_t(cudaStream_t stream, const FfnCall &c, const DenseModeBuff
     // block); the GEMM enqueued first, so that its tiles take the SMs
     st.branch.mark(stream);
     st.gemm.run(stream, 1.0f, {b.h, p.m, p.h, s.ldg, TW_ORDER_ROW, p.type}, down_t_operand(w, p),
-                {c.y.values, c.y.ld, p.type}, s.lt_workspace, s.lt_bytes);
+                {c.y.values, c.y.ld, p.type}, s.lt_workspace, s.lt_bytes, {}, {c.plan.down_gemm_sms});
     const cudaStream_t side = st.branch.fork_from_mark();
     if (beside)
         launch_dense_stats<T>(side, c, b);

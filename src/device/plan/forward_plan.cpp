@@ -206,6 +206,11 @@ ForwardPlan plan_forward(const PlanInput &in, const PlanFeedback &fb, const FfnT
                            : static_cast<double>(in.m) * fb.mean_active <= static_cast<double>(t.dense_stats_atomics_max_values)
                                ? DenseStats::Atomics
                                : DenseStats::SharedCounts;
+        // the statistics beside the down GEMM (a block a row) need SMs its tiles leave free
+        if (plan.dense_stats == DenseStats::Beside) {
+            const int64_t spare = std::min(t.dense_stats_spare_sms, in.m / 2);
+            if (spare > 0 && spare < in.sm_count) plan.down_gemm_sms = static_cast<int>(in.sm_count - spare);
+        }
         break;
     case FfnPath::Fused:
     case FfnPath::TwoPass:
@@ -250,6 +255,7 @@ const Knob kKnobs[] = {
     TW_SHARE(dense_mode_gather_share),
     TW_COUNT(dense_stats_beside_max_tokens),
     TW_COUNT(dense_stats_atomics_max_values),
+    TW_COUNT(dense_stats_spare_sms),
     TW_COUNT(masked_gate_min_tokens),
     TW_COUNT(two_pass_min_tokens),
     TW_COUNT(fwd_u_lists_max_tokens),

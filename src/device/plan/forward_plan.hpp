@@ -80,6 +80,7 @@ struct ForwardPlan {
     bool lists_in_fwd_u = false;  // fwd_u lists its own row from the words
     int64_t cublas_rows = 0;      // rows of the dense list through cuBLAS GEMMs (the rest gathered)
     DenseStats dense_stats = DenseStats::SharedCounts;  // dense mode's statistics
+    int down_gemm_sms = 0;  // dense mode: the SMs its down GEMM is sized for (0: all)
     ServePlan serve;
 };
 
