@@ -151,6 +151,10 @@ TEST_CASE("plan: dense mode from the statistics", "[plan]") {
     CHECK(plan_forward(paper(16), dense, {}).down_gemm_sms == 124);
     CHECK(plan_forward(paper(128), dense, {}).down_gemm_sms == 116);
     CHECK(plan_forward(paper(300), heavy, {}).down_gemm_sms == 0);
+    // the one pass: two blocks an SM, up to four while each keeps 16 rows
+    CHECK(plan_forward(paper(512), dense, {}).hidden_blocks == 264);
+    CHECK(plan_forward(paper(8192), dense, {}).hidden_blocks == 512);
+    CHECK(plan_forward(paper(16384), dense, {}).hidden_blocks == 528);
     FfnTuning counts_in_shared;
     counts_in_shared.dense_stats_atomics_max_values = 0;
     CHECK(plan_forward(paper(300), heavy, counts_in_shared).dense_stats == DenseStats::SharedCounts);
@@ -345,7 +349,7 @@ TEST_CASE("plan: tuning knobs by name", "[plan]") {
         REQUIRE(get_tuning_knob(t, *n, &v));
         CHECK(set_tuning_knob(t, *n, v));  // every default is in its own range
     }
-    CHECK(names.size() == 20);
+    CHECK(names.size() == 21);
     CHECK(set_tuning_knob(t, "two_pass_min_tokens", 300));
     CHECK(t.two_pass_min_tokens == 300);
     CHECK_FALSE(set_tuning_knob(t, "two_pass_min_tokens", 2.5));

@@ -22,15 +22,15 @@ GemmOperand down_t_operand(const FfnWeights &w, const FfnProblem &p) {
     return {w.down, p.d, p.h, w.down_ld, TW_ORDER_COL, p.type};
 }
 
-/// h and the statistics by one pass (kernels/dense_hidden.cuh): blocks of a few rows (about two
-/// blocks an SM), the per-unit counts in shared memory (clusters adding them where compute_90+
+/// h and the statistics by one pass (kernels/dense_hidden.cuh): blocks of a few rows (the plan's
+/// count, dense_hidden_blocks_per_sm an SM), the per-unit counts in shared memory (clusters adding them where compute_90+
 /// code runs) or by an atomic an active value.
 template <class T>
 void launch_form_hidden_stats(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b, bool shared_counts) {
     const FfnProblem &p = c.p;
     const FfnScratch &s = c.s;
     CudaFfnState &st = c.st;
-    const int64_t rows = std::clamp<int64_t>(ceil_div(p.m, 2 * int64_t{st.sm_count}), 1, kHiddenMaxRows);
+    const int64_t rows = std::clamp<int64_t>(ceil_div(p.m, c.plan.hidden_blocks), 1, kHiddenMaxRows);
     HiddenStatsArgs<T> a{};
     a.z = static_cast<const T *>(b.z);
     a.u = static_cast<const T *>(p.gated ? b.up : nullptr);

@@ -29,6 +29,7 @@ struct FfnTuning {
     int64_t dense_stats_beside_max_tokens = 128;      // h alone, the statistics beside the down GEMM, up to here
     int64_t dense_stats_atomics_max_values = 262144;  // past it, an atomic an active value while tokens x units <= this
     int64_t dense_stats_spare_sms = 16;  // beside it, the down GEMM sized for all SMs but min(this, tokens / 2)
+    int64_t dense_hidden_blocks_per_sm = 4;  // the one pass's blocks an SM at most, each over 16 rows or more
 
     // ---- the sparse paths past serving
     int64_t masked_gate_min_tokens = 257;    // the masked gate GEMM (sm_90a) from here

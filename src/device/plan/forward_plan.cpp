@@ -206,6 +206,10 @@ ForwardPlan plan_forward(const PlanInput &in, const PlanFeedback &fb, const FfnT
                            : static_cast<double>(in.m) * fb.mean_active <= static_cast<double>(t.dense_stats_atomics_max_values)
                                ? DenseStats::Atomics
                                : DenseStats::SharedCounts;
+        // two blocks an SM, more while each keeps 16 rows: a block's counts cost H atomics
+        // whatever its rows, its rows' loads are what keeps DRAM busy
+        plan.hidden_blocks = std::clamp<int64_t>((in.m + 15) / 16, int64_t{2} * in.sm_count,
+                                                 std::max<int64_t>(2, t.dense_hidden_blocks_per_sm) * in.sm_count);
         // the statistics beside the down GEMM (a block a row) need SMs its tiles leave free
         if (plan.dense_stats == DenseStats::Beside) {
             const int64_t spare = std::min(t.dense_stats_spare_sms, in.m / 2);
@@ -256,6 +260,7 @@ const Knob kKnobs[] = {
     TW_COUNT(dense_stats_beside_max_tokens),
     TW_COUNT(dense_stats_atomics_max_values),
     TW_COUNT(dense_stats_spare_sms),
+    TW_COUNT(dense_hidden_blocks_per_sm),
     TW_COUNT(masked_gate_min_tokens),
     TW_COUNT(two_pass_min_tokens),
     TW_COUNT(fwd_u_lists_max_tokens),

@@ -81,6 +81,7 @@ struct ForwardPlan {
     int64_t cublas_rows = 0;      // rows of the dense list through cuBLAS GEMMs (the rest gathered)
     DenseStats dense_stats = DenseStats::SharedCounts;  // dense mode's statistics
     int down_gemm_sms = 0;  // dense mode: the SMs its down GEMM is sized for (0: all)
+    int64_t hidden_blocks = 1;  // dense mode's one pass: its blocks (each over a share of the rows)
     ServePlan serve;
 };
 
