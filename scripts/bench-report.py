@@ -168,20 +168,38 @@ def break_even(run):
 
 
 def batch_section(results):
-    run = load(results, "h100-full.json")
-    if not run:
-        return []
+    out = []
+    for name in ("h200-full.json", "h100-full.json"):
+        run = load(results, name)
+        if run:
+            out += batch_tables(run, first=not out)
+    return out
 
+
+def batch_tables(run, first):
     def order(k):
         family, kk = k[2].rsplit("-", 1)
         return (k[0], k[2] != "uniform-29", family != "uniform", family, float(kk), k[3])
 
+    keys = sorted((k for k in run.rows if k[0] != "conv" and k[3] >= 4096 and "twblas" in run.rows[k]), key=order)
+    newer = any("dense_fused" in run.rows[k] for k in keys)  # FP8, the fused dense FFN, training
     body = []
-    for k in sorted((k for k in run.rows if k[0] != "conv" and k[3] >= 4096 and "twblas" in run.rows[k]), key=order):
+    for k in keys:
         tw, de, ga, cs = (run.get(k, v) for v in ("twblas", "dense", "gate", "cusparse"))
         t = run.rows[k]["twblas"]
-        body.append([f"{k[0]} x {k[1]}", k[2], str(k[3]), f"{t.get('mean_nnz', 0):.1f}", str(int(t.get("overflow_rows", 0))),
-                     ms(tw), ms(de), ms(ga), ms(cs), rx(ratio(de, tw)), rx(ratio(tw, ga), ""), rx(ratio(cs, tw))])
+        row = [f"{k[0]} x {k[1]}", k[2], str(k[3]), f"{t.get('mean_nnz', 0):.1f}", str(int(t.get("overflow_rows", 0))),
+               ms(tw), ms(de), ms(ga), ms(cs), rx(ratio(de, tw)), rx(ratio(tw, ga), ""), rx(ratio(cs, tw))]
+        if newer:
+            row += [rx(ratio(run.get(k, "dense_fused"), tw)), rx(ratio(de, run.get(k, "twblas_fp8"))),
+                    rx(ratio(run.get(k, "train_dense"), run.get(k, "train_twblas")))]
+        body.append(row)
+    head = ["D x H", "profile", "M", "active/token", "dense-path rows", "twblas", "dense", "gate GEMM", "cuSPARSE",
+            "vs dense", "/ gate", "vs cuSPARSE"]
+    if newer:
+        head += ["vs fused dense", "FP8 vs dense", "training vs dense"]
+    if not first:
+        return ["", f"### {run.gpu()}, both shapes, sparsity profiles", "", f"From {run.source()}.", "",
+                table(head, body)]
     out = ["## 2. Prefill-size FFN: 4096 tokens and more", "", f"### {run.gpu()}, both shapes, sparsity profiles", "",
            f"From {run.source()}. Baseline: " + DENSE_FFN + "; \"/ gate\" is twblas's time over the gate GEMM "
            "alone (X Wg^T, the floor no sparse method skips); the cuSPARSE pipeline is cuBLAS's gate+up GEMM, "
@@ -189,8 +207,7 @@ def batch_section(results):
            "up projection is dense; its dense -> CSR needs the count on the host, so it is timed phase by phase, "
            "not in a graph). Profiles: uniform-k, k active units a token on average; heavy-29, 1 % of the rows "
            "with hundreds of units (the dense path's rows); llm-29, activations shaped like a trained model's.",
-           "", table(["D x H", "profile", "M", "active/token", "dense-path rows", "twblas", "dense", "gate GEMM",
-                      "cuSPARSE", "vs dense", "/ gate", "vs cuSPARSE"], body)]
+           "", table(head, body)]
     be = break_even(run)
     if be:
         out += ["", f"Break-even at 16384 tokens (uniform-k): twblas is faster than the dense FFN below about {be:.0f} "
@@ -589,7 +606,7 @@ def plots(results, docs):
 
 
 RENDERED = {"h100-serving.json", "h100-serving-llama.json", "h100-serving-llm29.json", "h200-serving.json",
-            "h200-serving-llama.json", "h200-serving-llm29.json", "h100-full.json", "h100-train.json",
+            "h200-serving-llama.json", "h200-serving-llm29.json", "h100-full.json", "h200-full.json", "h100-train.json",
             "h100-train-eager.json", "h100-conversions.json", "h100-conversions-gemm-to-sparse.json",
             "h200-conversions-to-dense.json", "h100-fp8.json", "h200-fp8.json", "h200-train.json", "h200-sweep.json",
             "h200-model.json"}
