@@ -23,8 +23,8 @@ GemmOperand down_t_operand(const FfnWeights &w, const FfnProblem &p) {
 }
 
 /// h and the statistics by one pass (kernels/dense_hidden.cuh): blocks of a few rows (the plan's
-/// count, dense_hidden_blocks_per_sm an SM), the per-unit counts in shared memory (clusters adding them where compute_90+
-/// code runs) or by an atomic an active value.
+/// count, up to dense_hidden_blocks_per_sm an SM), the per-unit counts in shared memory (clusters
+/// adding them where compute_90+ code runs) or by an atomic an active value.
 template <class T>
 void launch_form_hidden_stats(cudaStream_t stream, const FfnCall &c, const DenseModeBuffers &b, bool shared_counts) {
     const FfnProblem &p = c.p;
