@@ -421,7 +421,7 @@ def readme_ffn_table(results):
     # each row from the newest run that has it: the serving and sweep suites are re-run as the
     # kernels change, the fp8 and train suites less often
     runs = {name: load(results, name) for name in
-            ("h200-serving.json", "h200-sweep.json", "h200-fp8.json", "h200-train.json")}
+            ("h200-serving.json", "h200-sweep.json", "h200-full.json", "h200-fp8.json", "h200-train.json")}
     if not runs["h200-fp8.json"] and not runs["h200-sweep.json"]:
         return None
 
@@ -436,11 +436,12 @@ def readme_ffn_table(results):
         return f"{value * 1e3:.1f} us" if m <= 512 else f"{value:.3f} ms"
 
     rows = [(f"forward, {m} token{'s' if m > 1 else ''}", (2048, 5632, "uniform-29", m), "twblas", "dense", m,
-             ("h200-serving.json", "h200-sweep.json", "h200-fp8.json")) for m in (1, 8, 64, 512, 16384, 65536)]
+             ("h200-serving.json", "h200-sweep.json", "h200-full.json", "h200-fp8.json"))
+            for m in (1, 8, 64, 512, 16384, 65536)]
     rows.append(("forward, 16384 tokens, 1 % dense rows (exact)", (2048, 5632, "heavy-29", 16384), "twblas", "dense",
-                 16384, ("h200-fp8.json",)))
+                 16384, ("h200-full.json", "h200-fp8.json")))
     rows.append(("training, forward + backward, 16384 tokens", (2048, 5632, "uniform-29", 16384), "train_twblas",
-                 "train_dense", 16384, ("h200-sweep.json", "h200-train.json")))
+                 "train_dense", 16384, ("h200-sweep.json", "h200-full.json", "h200-train.json")))
     body = []
     for label, key, tw_variant, de_variant, m, names in rows:
         got = pick(key, tw_variant, de_variant, names)
