@@ -80,6 +80,15 @@ TEST_CASE("plan: serve_down splits rows of hundreds of units into groups of bloc
     CHECK(plan_forward(paper(16), fb, {}).serve.down_groups == 2);
     fb.mean_active = 5000;  // capped at 16 groups
     CHECK(plan_forward(paper(1), fb, {}).serve.down_groups == 16);
+    // whatever the shape, the groups' blocks fit the workspace's partial rows (the launcher relies on it)
+    for (int64_t d : {8, 264, 2048, 4096, 8192})
+        for (int64_t m = 1; m <= 16; ++m) {
+            PlanInput in = paper(m);
+            in.d = in.dp = d;
+            const int groups = plan_forward(in, fb, {}).serve.down_groups;
+            INFO("D " << d << " M " << m << " groups " << groups);
+            CHECK((groups == 1 || (d + kServeDownCols - 1) / kServeDownCols * m * groups <= kServeDownMaxBlocks));
+        }
     // past serve_gate's tokens serve_token runs: no groups
     fb.mean_active = 600;
     const ForwardPlan p = plan_forward(paper(17), fb, {});

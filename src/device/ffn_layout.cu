@@ -60,7 +60,7 @@ FfnScratch carve_ffn_scratch(void *workspace, const FfnProblem &p, size_t *bytes
         s.serve_part_l1 = c.take<float>(static_cast<size_t>(kServeDownMaxBlocks));
         s.serve_part_nnz = c.take<int32_t>(static_cast<size_t>(kServeDownMaxBlocks));
         s.serve_part_over = c.take<int32_t>(static_cast<size_t>(kServeDownMaxBlocks));
-        s.serve_tickets = c.take<uint32_t>(static_cast<size_t>(kServeDownMaxTickets));
+        s.serve_tickets = c.take<uint32_t>(static_cast<size_t>(kServeDownMaxBlocks));  // a (slice, token) has >= 1 block
     }
     s.splits = fused_splits(p.m);
     s.partial = s.splits > 1 ? c.take<float>(static_cast<size_t>(s.splits * p.m * (p.dp + 1))) : nullptr;

@@ -50,11 +50,10 @@ void launch_serve_t(cudaStream_t stream, const FfnCall &c, bool write_h) {
     a.tile = p.tile, a.slots = p.slots, a.row_limit = s.row_limit;
     a.count = s.count, a.row_nnz = s.row_nnz, a.row_l1 = s.row_l1;
     a.stats = st.stats_block(), a.publish = st.feedback.device();
-    // serve_down's groups, where the workspace holds their partial rows and tickets
+    // serve_down's groups (the plan keeps their blocks within the workspace's partial rows and
+    // tickets), where the workspace holds them
     const int64_t slices = ceil_div(p.dp, int64_t{kServeDownCols});
-    const bool groups_fit = sp.own_gate && s.serve_parts && slices * p.m * sp.down_groups <= kServeDownMaxBlocks &&
-                            slices * p.m <= kServeDownMaxTickets;
-    a.down_groups = groups_fit ? sp.down_groups : 1;
+    a.down_groups = sp.own_gate && s.serve_parts ? sp.down_groups : 1;
     a.parts = s.serve_parts, a.part_l1 = s.serve_part_l1, a.part_nnz = s.serve_part_nnz;
     a.part_over = s.serve_part_over, a.down_tickets = s.serve_tickets;
     // the step's statistics: by serve_stats after the last kernel (no ticket), or by the last
