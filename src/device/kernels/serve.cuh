@@ -548,8 +548,12 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
         for (int w = 0; w < W; ++w) row_l1 += warp_l1[w];
     }
     if constexpr (kGroups) {
-        // the last of the (slice, token)'s blocks adds the partial rows and the counts in group order
+        // the last of the (slice, token)'s blocks adds the partial rows and the counts in group order;
+        // every thread releases its columns of the partial row before thread 0 takes the ticket (a
+        // fence orders only its own thread's writes: without it the last block could add stale columns)
         __shared__ bool last;
+        __threadfence();
+        __syncthreads();
         if (threadIdx.x == 0) {
             if (counts_row) {
                 const int64_t k = t * G + g;
@@ -561,6 +565,7 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
         }
         __syncthreads();
         if (!last) return;
+        __threadfence();  // acquire: the other groups' partial rows, read by every thread
         for (int c = threadIdx.x; c < kServeDownCols; c += blockDim.x) {
             const int64_t col = static_cast<int64_t>(blockIdx.x) * kServeDownCols + c;
             float v = 0.0f;
