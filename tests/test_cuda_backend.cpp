@@ -344,6 +344,45 @@ TEST_CASE("CUDA FFN: the serving path with rows of hundreds of units (serve_down
             }
 }
 
+TEST_CASE("CUDA FFN: serve_gate's gate on CUDA cores and on tensor cores gives the reference's bits", "[cuda][ffn]") {
+    // 1 and 2 tokens take serve_gate_rows (a warp a weight row) with serve_gate_rows_max_tokens = 2
+    // and serve_gate's tensor-core tiles with 0: small integers, so both sum orders
+    // give the reference's bits. D = 203 (x rows padded, a partial last chunk), 2056 (a second
+    // round of row loads for one lane) and 4104; H = 1001 (a partial last tile and mask word)
+    uint64_t seed = 4100;
+    for (int64_t d : {203, 2056, 4104})
+        for (int64_t m : {1, 2})
+            for (int rows : {0, 2})
+                for (bool gated : {true, false}) {
+                    FfnCase c;
+                    c.integers = true;
+                    c.algorithm = TW_FFN_ALG_SERVE;
+                    c.type = gated ? TW_R_16BF : TW_R_16F;
+                    c.m = m;
+                    c.d = d;
+                    c.h = 1001;
+                    c.x_pad = d == 203 ? 5 : 0;
+                    c.gated = gated;
+                    c.hidden = m == 2 ? 1 : 0;
+                    c.seed = ++seed;
+                    INFO(describe(c) << " serve_gate_rows_max_tokens " << rows);
+                    const FfnData data = make_data(c);
+                    const FfnResult cpu = run_ffn(c, data, TW_BACKEND_CPU);
+                    const FfnResult gpu = run_ffn(
+                        c, data, TW_BACKEND_CUDA,
+                        FfnRun().times(2).with_stats_between().tuned("serve_gate_rows_max_tokens", rows));
+                    CHECK(gpu.y_bits == cpu.y_bits);
+                    if (c.hidden) CHECK(gpu.hidden_bits == cpu.hidden_bits);
+                    REQUIRE(gpu.counts.size() == cpu.counts.size());
+                    int64_t wrong = 0;
+                    for (size_t j = 0; j < cpu.counts.size(); ++j) wrong += gpu.counts[j] != 2 * cpu.counts[j];
+                    CHECK(wrong == 0);
+                    CHECK(gpu.stats.maxRowNnz == cpu.stats.maxRowNnz);
+                    CHECK(gpu.stats.meanRowNnz == Approx(cpu.stats.meanRowNnz).epsilon(1e-9));
+                    CHECK(gpu.stats.l1 == Approx(cpu.stats.l1).epsilon(1e-6));
+                }
+}
+
 TEST_CASE("CUDA FFN: dense mode in the caller's graph and in captured eager calls gives the reference's bits",
           "[cuda][ffn]") {
     // small-integer data, so that the reference's bits are the answer whatever the GEMMs' order

@@ -316,6 +316,21 @@ TEST_CASE("plan: the tuning moves each crossover", "[plan]") {
     s.serve_gate_max_tokens = 64;  // past serve_gate's capacity: held at 16
     CHECK_FALSE(plan_forward(paper(17), {}, s).serve.own_gate);
 
+    // serve_gate's CUDA-core instance: 1 token by default, up to 2 when asked, never past its
+    // instances or where serve_gate does not run
+    const FfnTuning r;
+    CHECK(plan_forward(paper(1), {}, r).serve.gate_rows);
+    CHECK_FALSE(plan_forward(paper(2), {}, r).serve.gate_rows);
+    FfnTuning r2;
+    r2.serve_gate_rows_max_tokens = 16;  // held at its instances' 2 tokens
+    CHECK(plan_forward(paper(2), {}, r2).serve.gate_rows);
+    CHECK_FALSE(plan_forward(paper(3), {}, r2).serve.gate_rows);
+    r2.serve_gate_rows_max_tokens = 0;
+    CHECK_FALSE(plan_forward(paper(1), {}, r2).serve.gate_rows);
+    r2.serve_gate_rows_max_tokens = 2;
+    r2.serve_gate_max_tokens = 0;  // cuBLAS's gate from the first token
+    CHECK_FALSE(plan_forward(paper(1), {}, r2).serve.gate_rows);
+
     FfnTuning g;
     g.dense_mode_gather_share = 1.0;
     CHECK(path_of(paper(9), {true, 600.0, 0.0}, g) == FfnPath::Serve);
@@ -358,7 +373,7 @@ TEST_CASE("plan: tuning knobs by name", "[plan]") {
         REQUIRE(get_tuning_knob(t, *n, &v));
         CHECK(set_tuning_knob(t, *n, v));  // every default is in its own range
     }
-    CHECK(names.size() == 21);
+    CHECK(names.size() == 22);
     CHECK(set_tuning_knob(t, "two_pass_min_tokens", 300));
     CHECK(t.two_pass_min_tokens == 300);
     CHECK_FALSE(set_tuning_knob(t, "two_pass_min_tokens", 2.5));

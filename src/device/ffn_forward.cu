@@ -142,7 +142,7 @@ CallKey inference_key(const FfnProblem &p, const ForwardPlan &plan, const FfnWei
     k.add(static_cast<int>(plan.path)).add(plan.masked_gate).add(plan.masked_gate_tile_n).add(plan.lists_in_fwd_u);
     k.add(plan.cublas_rows).add(static_cast<int>(plan.dense_stats)).add(plan.down_gemm_sms).add(plan.hidden_blocks);
     const ServePlan &sp = plan.serve;
-    k.add(sp.own_gate).add(sp.stats_kernel).add(sp.token_warps).add(sp.token_splits).add(sp.down_groups);
+    k.add(sp.own_gate).add(sp.gate_rows).add(sp.stats_kernel).add(sp.token_warps).add(sp.token_splits).add(sp.down_groups);
     for (const twDnMatDescr *d : {&x, &y}) k.add(d->values).add(d->ld).add(d->order);
     k.add(workspace).add(hidden);
     // the weights' addresses (twFfnUpdateWeights may point the FFN elsewhere)

@@ -10,6 +10,7 @@ namespace twblas::cuda {
 constexpr int64_t kDecodeMaxTokens = 4;          // the decode path's tokens (its workspace)
 constexpr int64_t kDecodeMaxModelDim = 4096;     // its lanes hold 16 chunks of 8 values
 constexpr int64_t kServeGateTokenCapacity = 16;  // serve_gate holds two x rows of 8 tokens
+constexpr int64_t kServeGateRowsMaxTokens = 2;   // serve_gate_rows's instances: 1 and 2 tokens
 // serve_down: a block of kServeDownWarps warps per (slice of kServeDownCols columns, token, group
 // of units), each warp kServeDownBatch rows in flight; with groups (the plan keeps slices x tokens
 // x groups <= kServeDownMaxBlocks) its partial rows take kServeDownMaxBlocks x kServeDownCols

@@ -5,7 +5,8 @@
 //   serve_gate    the gate on tensor cores, streaming Wg once (a block per 8 units, its warps
 //                 splitting K); its epilogue writes g of the active units (0 elsewhere) and one
 //                 byte per token of the active-unit words, then h = g (x_t . Wu_j) over g for the
-//                 active pairs, each Wu row read once;
+//                 active pairs, each Wu row read once (serve_gate_rows: the same for the plan's
+//                 gate_rows tokens, 1 by default, on CUDA cores with a warp a weight row);
 //   serve_down    y by slices of 256 columns: a block per (slice, token) walks the token's mask
 //                 words and adds h_tj Wd_j over its active units; its slice-0 blocks also count the
 //                 rows and the last of them finishes the statistics.
@@ -294,40 +295,30 @@ __device__ inline void serve_tile_dots(const T *wrow, bool wok, const T *const (
 // SMs streamed two blocks and the rest one: 1.7 TB/s). The epilogue writes g of the active units
 // (0 elsewhere), the tile's byte of each token's active-unit word, and then h = g (x_t . Wu_j)
 // over g for the active pairs, each Wu row read once for the tokens that use it.
-template <class T, int R, int U, bool FP8 = false>
-__global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<T> a) {
-    // R x rows per lane (tokens g + 8 r); at least six blocks per SM (<= 85 registers) so that
-    // the H / 8 blocks run in one wave
-    constexpr int W = kServeGateWarps;
-    __shared__ TileDots<R> sh;
-    __shared__ uint32_t unit_tokens[kServeGateUnits];  // bit t: token t uses the unit (M <= 32 here)
-    // serve_down may start its blocks once every block of this grid has started (the rule of
-    // common/dependent_launch.cuh): it waits for this grid's end and its writes before it reads
-    // anything of it. (Measured on an H100 against the trigger at the end: the same times within
-    // 1.5 %, M = 1 to 128, both shapes.)
+
+/// What every serve_gate instance does first: lets serve_down start its blocks once every block of
+/// this grid has started (the rule of common/dependent_launch.cuh: serve_down waits for this
+/// grid's end and its writes before it reads anything of it; measured on an H100 against the
+/// trigger at the end: the same times within 1.5 %, M = 1 to 128, both shapes), zeroes the tickets
+/// serve_down counts on, and clears the tile's token sets (visible after the mainloop's barrier).
+template <class T> __device__ inline void serve_gate_start(const ServeArgs<T> &a, uint32_t *unit_tokens) {
     allow_dependent_launch();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
-    const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
     if (a.ticket && blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;  // serve_down waits for this grid first
     if (a.down_groups > 1 && threadIdx.x == 0) {  // serve_down's (slice, token) tickets, likewise
         const int64_t tickets = (a.dp + kServeDownCols - 1) / kServeDownCols * a.m;
         for (int64_t i = blockIdx.x; i < tickets; i += gridDim.x) a.down_tickets[i] = 0;
     }
     if (threadIdx.x < kServeGateUnits) unit_tokens[threadIdx.x] = 0;
+}
 
-    const bool wok = unit0 + g < a.h;
-    const T *wrow = a.wgate + (wok ? unit0 + g : 0) * a.wgate_ld;
-    const T *xrow[R];
-    bool xok[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int token = g + 8 * r;
-        xok[r] = token < a.m;
-        xrow[r] = a.x + (xok[r] ? token : 0) * a.x_rs;
-    }
-    serve_tile_dots<T, R, U>(wrow, wok, xrow, xok, a.d, a.dp, sh);
-    auto &z = sh.z;
-    // epilogue: a warp per token, a lane per unit (lanes 0 to 7)
+/// serve_gate's epilogue, by W warps, once z[u][t] (unit unit0 + u, token t) is complete for the
+/// block's tile: g of the active units (0 elsewhere), the tile's byte of each token's active-unit
+/// word and the counts, then h = g (x_t . Wu_j) over g for the active pairs, a warp per unit.
+template <class T, int W, bool FP8, class Z>
+__device__ inline void serve_gate_finish(const ServeArgs<T> &a, const Z &z, uint32_t *unit_tokens) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
+    // a warp per token, a lane per unit (lanes 0 to 7)
     const int64_t unit = unit0 + lane;
     const bool mine = lane < kServeGateUnits && unit < a.h;
     unsigned fired = 0;
@@ -361,6 +352,91 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
             }
         }
     }
+}
+
+template <class T, int R, int U, bool FP8 = false>
+__global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<T> a) {
+    // R x rows per lane (tokens g + 8 r); at least six blocks per SM (<= 85 registers) so that
+    // the H / 8 blocks run in one wave
+    __shared__ TileDots<R> sh;
+    __shared__ uint32_t unit_tokens[kServeGateUnits];  // bit t: token t uses the unit (M <= 32 here)
+    serve_gate_start(a, unit_tokens);
+    const int g = (threadIdx.x & 31) >> 2;
+    const int64_t unit0 = static_cast<int64_t>(blockIdx.x) * kServeGateUnits;
+    const bool wok = unit0 + g < a.h;
+    const T *wrow = a.wgate + (wok ? unit0 + g : 0) * a.wgate_ld;
+    const T *xrow[R];
+    bool xok[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int token = g + 8 * r;
+        xok[r] = token < a.m;
+        xrow[r] = a.x + (xok[r] ? token : 0) * a.x_rs;
+    }
+    serve_tile_dots<T, R, U>(wrow, wok, xrow, xok, a.d, a.dp, sh);
+    serve_gate_finish<T, kServeGateWarps, FP8>(a, sh.z, unit_tokens);
+}
+
+// ---- serve_gate_rows: serve_gate for up to kServeGateRowsMaxTokens tokens on CUDA cores, the same
+// grid and epilogue: a warp per unit of the tile streams the unit's whole weight row, each load
+// 512 contiguous bytes of it (serve_gate's fragment loads take 64 bytes of each of 8 rows), M
+// products a value, x from shared memory (staged once a block while the first weight loads are in
+// flight: x read through L1 chunk by chunk left each product waiting on its load, and the kernel
+// slower than serve_gate). H200, graph replay, same call: one token 14.3 us against 15.5 (paper's
+// shape), 37.6 against 43.0 (Llama-3-8B's); at two tokens mixed (docs/performance-notes.md).
+template <class T, int M, bool FP8 = false>
+__global__ void __launch_bounds__(32 * kServeGateUnits, 4) serve_gate_rows(ServeArgs<T> a) {
+    constexpr int E = Chunk<T>::n, L = 8;  // values a chunk; chunks in flight a lane
+    constexpr int kMaxChunks = 1024;       // dp <= 8192 (max_model_dim)
+    __shared__ uint4 xs[M][kMaxChunks];    // the tokens' x rows, read once a block for its 8 warps
+    __shared__ float z[kServeGateUnits][M];
+    __shared__ uint32_t unit_tokens[kServeGateUnits];
+    serve_gate_start(a, unit_tokens);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t unit = static_cast<int64_t>(blockIdx.x) * kServeGateUnits + warp;
+    const bool wok = unit < a.h;
+    const T *wrow = a.wgate + (wok ? unit : 0) * a.wgate_ld;
+    const int64_t chunks = a.dp / E;  // dp is a multiple of 8: whole chunks
+    uint4 wv[L];
+    auto load = [&](int64_t c00) {
+#pragma unroll
+        for (int i = 0; i < L; ++i) {
+            const int64_t c = c00 + i * 32;
+            wv[i] = wok && c < chunks ? __ldcs(reinterpret_cast<const uint4 *>(wrow) + c) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    int64_t c00 = lane;
+    load(c00);  // in flight while the block stages x
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x)
+#pragma unroll
+        for (int t = 0; t < M; ++t) xs[t][c] = t < a.m ? serve_x_chunk(a.x + t * a.x_rs, c * E, a.d) : make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    float acc[M];
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[t] = 0.0f;
+    for (;;) {
+#pragma unroll
+        for (int i = 0; i < L; ++i) {
+            const int64_t c = c00 + i * 32;
+            if (c >= chunks) break;
+#pragma unroll
+            for (int t = 0; t < M; ++t) {
+                const uint4 xv = xs[t][c];
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[t] = fmaf(Chunk<T>::get(xv, e), Chunk<T>::get(wv[i], e), acc[t]);
+            }
+        }
+        c00 += 32 * L;
+        if (c00 >= chunks) break;
+        load(c00);
+    }
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) z[warp][t] = v;
+    }
+    __syncthreads();
+    serve_gate_finish<T, kServeGateUnits, FP8>(a, z, unit_tokens);
 }
 
 /// Mask word w of token t from a cuBLAS gate row (past serve_gate's tokens): bit b set

@@ -28,6 +28,13 @@ void launch_serve_gate(cudaStream_t stream, const ServeArgs<T> &a) {
     check_launch("serve_gate");
 }
 
+/// serve_gate_rows (up to kServeGateRowsMaxTokens tokens): the same grid, a warp per unit.
+template <class T, int M, bool FP8>
+void launch_serve_gate_rows(cudaStream_t stream, const ServeArgs<T> &a) {
+    serve_gate_rows<T, M, FP8><<<static_cast<unsigned>(4 * a.words), 32 * kServeGateUnits, 0, stream>>>(a);
+    check_launch("serve_gate_rows");
+}
+
 template <class T>
 void launch_serve_t(cudaStream_t stream, const FfnCall &c, bool write_h) {
     const FfnProblem &p = c.p;
@@ -83,7 +90,12 @@ void launch_serve_t(cudaStream_t stream, const FfnCall &c, bool write_h) {
     } else {
         // serve_gate: U 16-byte chunks of the weight row in flight per lane, and of R x rows
         // (FP8: their instances that read the FP8 rows)
-        if (p.m <= 8)
+        static_assert(kServeGateRowsMaxTokens == 2, "serve_gate_rows has instances for 1 and 2 tokens");
+        if (sp.gate_rows && p.m == 1)
+            p.fp8 ? launch_serve_gate_rows<T, 1, true>(stream, a) : launch_serve_gate_rows<T, 1, false>(stream, a);
+        else if (sp.gate_rows)
+            p.fp8 ? launch_serve_gate_rows<T, 2, true>(stream, a) : launch_serve_gate_rows<T, 2, false>(stream, a);
+        else if (p.m <= 8)
             p.fp8 ? launch_serve_gate<T, 1, kServeGateChunks, true>(stream, a)
                   : launch_serve_gate<T, 1, kServeGateChunks, false>(stream, a);
         else

@@ -129,6 +129,7 @@ int serve_down_groups(const PlanInput &in, double mean_active) {
 ServePlan serve_plan(const PlanInput &in, const FfnTuning &t, bool writes_h, const PlanFeedback &fb) {
     ServePlan s;
     s.own_gate = in.m <= serve_gate_max_tokens(in, t);
+    s.gate_rows = s.own_gate && in.m <= std::min(t.serve_gate_rows_max_tokens, kServeGateRowsMaxTokens);
     s.down_groups = s.own_gate ? serve_down_groups(in, fb.mean_active) : 1;
     s.stats_kernel = in.m > 1 && (s.own_gate ? t.serve_stats_kernel_few : t.serve_stats_kernel);
     s.token_warps = serve_token_warps(t, in.m, writes_h);
@@ -247,6 +248,7 @@ const Knob kKnobs[] = {
     TW_COUNT(serve_max_tokens),
     TW_COUNT(serve_max_tokens_large),
     TW_COUNT(serve_gate_max_tokens),
+    TW_COUNT(serve_gate_rows_max_tokens),
     TW_COUNT(serve_gate_large_weights),
     TW_COUNT(serve_token_narrow_min_tokens),
     TW_COUNT(serve_token_blocks),

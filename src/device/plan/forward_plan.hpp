@@ -62,6 +62,7 @@ struct PlanFeedback {
 
 struct ServePlan {
     bool own_gate = false;      // serve_gate + serve_down (else cuBLAS's gate + serve_token)
+    bool gate_rows = false;     // serve_gate's CUDA-core instance (serve_gate_rows), a warp a weight row
     bool stats_kernel = false;  // serve_stats publishes (else the last block behind a ticket)
     int token_warps = 16;       // serve_token's warps a block
     int token_splits = 1;       // serve_token's column splits a token
