@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(32 * kHiddenWarps) form_hidden_stats(HiddenSta
     if (blockIdx.x == 0 && threadIdx.x < 2) a.header[threadIdx.x] = 0;
     const int64_t chunks = a.ldg / 8;  // ldg is a multiple of 8
     // chunk i belongs to thread i % blockDim.x below: zeroed by it, no barrier needed
-    if (kSharedCounts)
+    if constexpr (kSharedCounts)
         for (int64_t i = threadIdx.x; i < chunks; i += blockDim.x) s_counts[i] = make_uint4(0, 0, 0, 0);
     const int lanes_per_tile = a.tile / 8;
     const int64_t r0 = static_cast<int64_t>(blockIdx.x) * a.rows_per_block;

@@ -384,11 +384,13 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
 // flight: x read through L1 chunk by chunk left each product waiting on its load, and the kernel
 // slower than serve_gate). H200, graph replay, same call: one token 14.3 us against 15.5 (paper's
 // shape), 37.6 against 43.0 (Llama-3-8B's); at two tokens mixed (docs/performance-notes.md).
+/// 16-byte chunks of an x row the serving kernels stage in shared memory: dp <= 8192 (max_model_dim).
+constexpr int kServeMaxChunks = 1024;
+
 template <class T, int M, bool FP8 = false>
 __global__ void __launch_bounds__(32 * kServeGateUnits, 4) serve_gate_rows(ServeArgs<T> a) {
-    constexpr int E = Chunk<T>::n, L = 8;  // values a chunk; chunks in flight a lane
-    constexpr int kMaxChunks = 1024;       // dp <= 8192 (max_model_dim)
-    __shared__ uint4 xs[M][kMaxChunks];    // the tokens' x rows, read once a block for its 8 warps
+    constexpr int E = Chunk<T>::n, L = 8;    // values a chunk; chunks in flight a lane
+    __shared__ uint4 xs[M][kServeMaxChunks];  // the tokens' x rows, read once a block for its 8 warps
     __shared__ float z[kServeGateUnits][M];
     __shared__ uint32_t unit_tokens[kServeGateUnits];
     serve_gate_start(a, unit_tokens);
@@ -686,8 +688,7 @@ constexpr int kServeTokenCap = 512, kServeTokenBatch = 8;
 template <class T, int W, int V, bool FP8 = false>
 __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     constexpr int E = Chunk<T>::n, B = kServeTokenBatch / V, NT = 32 * W;
-    constexpr int kMaxChunks = 1024;  // dp <= 8192 (max_model_dim)
-    __shared__ uint4 xs[kMaxChunks];
+    __shared__ uint4 xs[kServeMaxChunks];
     __shared__ uint32_t words[kServeMaxWords];
     __shared__ int32_t units[kServeTokenCap];
     __shared__ float hs[kServeTokenCap];  // g, then h
