@@ -330,6 +330,15 @@ TEST_CASE("plan: the tuning moves each crossover", "[plan]") {
     r2.serve_gate_rows_max_tokens = 2;
     r2.serve_gate_max_tokens = 0;  // cuBLAS's gate from the first token
     CHECK_FALSE(plan_forward(paper(1), {}, r2).serve.gate_rows);
+    // gates past serve_gate_large_weights: 2 tokens by default, their own knob
+    CHECK(plan_forward(llama(2), {}, r).serve.gate_rows);
+    CHECK_FALSE(plan_forward(llama(3), {}, r).serve.gate_rows);
+    FfnTuning r3;
+    r3.serve_gate_rows_max_tokens_large = 1;
+    CHECK(plan_forward(llama(1), {}, r3).serve.gate_rows);
+    CHECK_FALSE(plan_forward(llama(2), {}, r3).serve.gate_rows);
+    r3.serve_gate_rows_max_tokens = 0;  // the paper's knob leaves large gates alone
+    CHECK(plan_forward(llama(1), {}, r3).serve.gate_rows);
 
     FfnTuning g;
     g.dense_mode_gather_share = 1.0;
@@ -373,7 +382,7 @@ TEST_CASE("plan: tuning knobs by name", "[plan]") {
         REQUIRE(get_tuning_knob(t, *n, &v));
         CHECK(set_tuning_knob(t, *n, v));  // every default is in its own range
     }
-    CHECK(names.size() == 22);
+    CHECK(names.size() == 23);
     CHECK(set_tuning_knob(t, "two_pass_min_tokens", 300));
     CHECK(t.two_pass_min_tokens == 300);
     CHECK_FALSE(set_tuning_knob(t, "two_pass_min_tokens", 2.5));

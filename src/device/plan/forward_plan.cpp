@@ -79,6 +79,11 @@ int64_t serve_gate_max_tokens(const PlanInput &in, const FfnTuning &t) {
     return large_gate(in, t) ? std::min<int64_t>(tokens, 8) : tokens;
 }
 
+int64_t serve_gate_rows_max_tokens(const PlanInput &in, const FfnTuning &t) {
+    const int64_t tokens = large_gate(in, t) ? t.serve_gate_rows_max_tokens_large : t.serve_gate_rows_max_tokens;
+    return std::min(tokens, kServeGateRowsMaxTokens);
+}
+
 int64_t masked_gate_min_tokens(const PlanInput &in, const FfnTuning &t) {
     // where the serving path ends early, the masked GEMM takes over right after it
     return large_gate(in, t) ? std::min(t.masked_gate_min_tokens, t.serve_max_tokens_large + 1) : t.masked_gate_min_tokens;
@@ -129,7 +134,7 @@ int serve_down_groups(const PlanInput &in, double mean_active) {
 ServePlan serve_plan(const PlanInput &in, const FfnTuning &t, bool writes_h, const PlanFeedback &fb) {
     ServePlan s;
     s.own_gate = in.m <= serve_gate_max_tokens(in, t);
-    s.gate_rows = s.own_gate && in.m <= std::min(t.serve_gate_rows_max_tokens, kServeGateRowsMaxTokens);
+    s.gate_rows = s.own_gate && in.m <= serve_gate_rows_max_tokens(in, t);
     s.down_groups = s.own_gate ? serve_down_groups(in, fb.mean_active) : 1;
     s.stats_kernel = in.m > 1 && (s.own_gate ? t.serve_stats_kernel_few : t.serve_stats_kernel);
     s.token_warps = serve_token_warps(t, in.m, writes_h);
@@ -249,6 +254,7 @@ const Knob kKnobs[] = {
     TW_COUNT(serve_max_tokens_large),
     TW_COUNT(serve_gate_max_tokens),
     TW_COUNT(serve_gate_rows_max_tokens),
+    TW_COUNT(serve_gate_rows_max_tokens_large),
     TW_COUNT(serve_gate_large_weights),
     TW_COUNT(serve_token_narrow_min_tokens),
     TW_COUNT(serve_token_blocks),
