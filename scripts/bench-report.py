@@ -240,13 +240,14 @@ def train_tables(run, first):
     out = []
     if run:
         body = []
-        base = {k[3]: v["train_twblas"]["ms"] for k, v in run.rows.items() if k[2] == "uniform-29" and "train_twblas" in v}
+        pinned = False  # a row timed only with TW_FFN_ATTR_SAVE_DENSE (runs without the default there)
         for k in sorted(run.rows, key=lambda k: (k[3], k[2] != "uniform-29", k[2])):
             v = run.rows[k]
             variant = "train_twblas" if "train_twblas" in v else "train_twblas_save_dense"
             t, de = v.get(variant), run.get(k, "train_dense")
             if not t:
                 continue
+            pinned |= variant.endswith("save_dense")
             errs = ", ".join(f"{t.get(e, float('nan')):.1e}" for e in ("rel_err_dx", "rel_err_dwgu", "rel_err_dwd"))
             body.append([k[2], str(k[3]), f"{t.get('mean_nnz', 0):.1f}",
                          "SAVE_DENSE" if variant.endswith("save_dense") else "", ms(t["ms"]), ms(de),
@@ -257,7 +258,10 @@ def train_tables(run, first):
                 "h = ReLU(g) u, Y = h Wd; dH = dY Wd^T, the element-wise backward (L1 term included), dX, "
                 "[dWg; dWu] and dWd: nine GEMMs' worth of flops, keeping [g | u] and h (3 M x H values). The "
                 "gradients are checked against it before timing (relative errors in the last column). At 100 "
-                "and 911 active units the FFN is in dense mode; those rows use TW_FFN_ATTR_SAVE_DENSE.", "",
+                "and 911 active units the FFN is in dense mode; "
+                + ("the rows marked SAVE_DENSE set TW_FFN_ATTR_SAVE_DENSE." if pinned else
+                   "with default attributes its forward saves the dense form itself (saved state about twice "
+                   "the dense h)."), "",
                 table(["profile", "M", "active/token", "mode", "twblas step", "dense step", "vs dense",
                        "saved state / dense h", "rel. err dX, dW[g;u], dWd"], body)]
     return out
