@@ -6,7 +6,8 @@
 //                 splitting K); its epilogue writes g of the active units (0 elsewhere) and one
 //                 byte per token of the active-unit words, then h = g (x_t . Wu_j) over g for the
 //                 active pairs, each Wu row read once (serve_gate_rows: the same for the plan's
-//                 gate_rows tokens, 1 by default, on CUDA cores with a warp a weight row);
+//                 gate_rows tokens, 1 by default and 2 for large gates, on CUDA cores with a
+//                 warp a weight row);
 //   serve_down    y by slices of 256 columns: a block per (slice, token) walks the token's mask
 //                 words and adds h_tj Wd_j over its active units; its slice-0 blocks also count the
 //                 rows and the last of them finishes the statistics.
