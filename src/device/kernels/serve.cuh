@@ -383,8 +383,8 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
 // 512 contiguous bytes of it (serve_gate's fragment loads take 64 bytes of each of 8 rows), M
 // products a value, x from shared memory (staged once a block while the first weight loads are in
 // flight: x read through L1 chunk by chunk left each product waiting on its load, and the kernel
-// slower than serve_gate). H200, graph replay, same call: one token 14.3 us against 15.5 (paper's
-// shape), 37.6 against 43.0 (Llama-3-8B's); at two tokens mixed (docs/performance-notes.md).
+// slower than serve_gate). Faster than serve_gate at one token; at two only for large gates
+// (docs/performance-notes.md, serve_gate_rows_max_tokens).
 /// 16-byte chunks of an x row the serving kernels stage in shared memory: dp <= 8192 (max_model_dim).
 constexpr int kServeMaxChunks = 1024;
 
