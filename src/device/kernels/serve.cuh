@@ -379,12 +379,13 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
 }
 
 // ---- serve_gate_rows: serve_gate for up to kServeGateRowsMaxTokens tokens on CUDA cores, the same
-// grid and epilogue: a warp per unit of the tile streams the unit's whole weight row, each load
+// grid and outputs: a warp per unit of the tile streams the unit's whole weight row, each load
 // 512 contiguous bytes of it (serve_gate's fragment loads take 64 bytes of each of 8 rows), M
-// products a value, x from shared memory (staged once a block while the first weight loads are in
-// flight: x read through L1 chunk by chunk left each product waiting on its load, and the kernel
-// slower than serve_gate). Faster than serve_gate at one token; at two only for large gates
-// (docs/performance-notes.md, serve_gate_rows_max_tokens).
+// products a value, x from shared memory (staged once a block, its requests issued before the
+// weight loads: x read through L1 chunk by chunk left each product waiting on its load, and the
+// kernel slower than serve_gate). Each warp then finishes its own unit, up dot included, without
+// waiting for the rest of the block. Faster than serve_gate at one token; at two only for large
+// gates (docs/performance-notes.md, serve_gate_rows_max_tokens).
 /// 16-byte chunks of an x row the serving kernels stage in shared memory: dp <= 8192 (max_model_dim).
 constexpr int kServeMaxChunks = 1024;
 
@@ -392,9 +393,8 @@ template <class T, int M, bool FP8 = false>
 __global__ void __launch_bounds__(32 * kServeGateUnits, 4) serve_gate_rows(ServeArgs<T> a) {
     constexpr int E = Chunk<T>::n, L = 8;    // values a chunk; chunks in flight a lane
     __shared__ uint4 xs[M][kServeMaxChunks];  // the tokens' x rows, read once a block for its 8 warps
-    __shared__ float z[kServeGateUnits][M];
-    __shared__ uint32_t unit_tokens[kServeGateUnits];
-    serve_gate_start(a, unit_tokens);
+    __shared__ uint32_t tile_bits[kServeGateUnits];  // bit w of word t: the tile's unit w is active on token t
+    serve_gate_start(a, tile_bits);
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t unit = static_cast<int64_t>(blockIdx.x) * kServeGateUnits + warp;
     const bool wok = unit < a.h;
@@ -408,11 +408,23 @@ __global__ void __launch_bounds__(32 * kServeGateUnits, 4) serve_gate_rows(Serve
             wv[i] = wok && c < chunks ? __ldcs(reinterpret_cast<const uint4 *>(wrow) + c) : make_uint4(0, 0, 0, 0);
         }
     };
-    int64_t c00 = lane;
-    load(c00);  // in flight while the block stages x
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x)
+    // x staged by cp.async requests issued before the weight loads, so that they do not queue behind
+    // the weight stream (whole chunks; the partial last one and those past d or M by the threads);
+    // FP8 up rows are `half` values long, zeros past d
+    const uint64_t keep = l2_keep_policy();
+    const int64_t staged = FP8 && a.gated ? max(chunks, a.fp8.half / E) : chunks;
+    for (int64_t c = threadIdx.x; c < staged; c += blockDim.x)
 #pragma unroll
-        for (int t = 0; t < M; ++t) xs[t][c] = t < a.m ? serve_x_chunk(a.x + t * a.x_rs, c * E, a.d) : make_uint4(0, 0, 0, 0);
+        for (int t = 0; t < M; ++t) {
+            if (t < a.m && (c + 1) * E <= a.d)
+                cp_async16(&xs[t][c], a.x + t * a.x_rs + c * E, keep);
+            else
+                xs[t][c] = t < a.m ? serve_x_chunk(a.x + t * a.x_rs, c * E, a.d) : make_uint4(0, 0, 0, 0);
+        }
+    cp_async_commit();
+    int64_t c00 = lane;
+    load(c00);
+    cp_async_wait<0>();
     __syncthreads();
     float acc[M];
 #pragma unroll
@@ -433,13 +445,41 @@ __global__ void __launch_bounds__(32 * kServeGateUnits, 4) serve_gate_rows(Serve
         if (c00 >= chunks) break;
         load(c00);
     }
+    // the epilogue of serve_gate_finish, by the warp that formed its unit's z and at once: g of an
+    // active unit (0 elsewhere), the counts, and for a gated FFN h = g (x_t . Wu_j) with x from shared
+    // memory, the up row's loads issued with no barrier before them; the tile's mask bytes after the
+    // one barrier at the end
+    float g[M];
+    bool on[M];
+    unsigned fired = 0;
 #pragma unroll
     for (int t = 0; t < M; ++t) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) z[warp][t] = v;
+        g[t] = round_to<T>(warp_sum(acc[t]));  // every lane has the sum
+        on[t] = wok && t < a.m && relu_active(g[t]);
+        if (lane == 0 && wok && t < a.m) a.gate[t * a.ldg + unit] = Value<T>::from_float(on[t] ? g[t] : 0.0f);
+        if (lane == 0 && on[t]) atomicOr(&tile_bits[t], 1u << warp);
+        fired += on[t];
+    }
+    if (lane == 0 && a.neuron_counts && fired) atomicAdd(a.neuron_counts + unit, static_cast<unsigned long long>(fired));
+    if (a.gated && fired) {
+        const ServeRows<T, FP8> rows(a);
+        // serve_down reads Wd_j next, from other SMs: start bringing it to L2 now
+        if (kServePrefetchDown) rows.prefetch_down(unit, 0, a.dp, lane);
+#pragma unroll
+        for (int t = 0; t < M; ++t) {
+            if (!on[t]) continue;
+            float dot;
+            if constexpr (FP8)
+                dot = a.fp8.scale[unit].x * warp_row_dot_fp8<T>(xs[t], rows.up_row(unit), static_cast<int>(a.fp8.half / E));
+            else
+                dot = warp_row_dot<T>(xs[t], reinterpret_cast<const T *>(rows.up_row(unit)), static_cast<int>(chunks));
+            const float h = round_to<T>(g[t] * round_to<T>(dot));
+            if (lane == 0) a.gate[t * a.ldg + unit] = Value<T>::from_float(h);
+        }
     }
     __syncthreads();
-    serve_gate_finish<T, kServeGateUnits, FP8>(a, z, unit_tokens);
+    if (threadIdx.x < M && threadIdx.x < a.m)
+        reinterpret_cast<uint8_t *>(a.masks + threadIdx.x * a.words)[blockIdx.x] = static_cast<uint8_t>(tile_bits[threadIdx.x]);
 }
 
 /// Mask word w of token t from a cuBLAS gate row (past serve_gate's tokens): bit b set
