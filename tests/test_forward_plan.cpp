@@ -316,12 +316,16 @@ TEST_CASE("plan: the tuning moves each crossover", "[plan]") {
     s.serve_gate_max_tokens = 64;  // past serve_gate's capacity: held at 16
     CHECK_FALSE(plan_forward(paper(17), {}, s).serve.own_gate);
 
-    // serve_gate's CUDA-core instance: 1 token by default, up to 2 when asked, never past its
+    // serve_gate's CUDA-core instance: 2 tokens by default, 1 when asked, never past its
     // instances or where serve_gate does not run
     const FfnTuning r;
     CHECK(plan_forward(paper(1), {}, r).serve.gate_rows);
-    CHECK_FALSE(plan_forward(paper(2), {}, r).serve.gate_rows);
+    CHECK(plan_forward(paper(2), {}, r).serve.gate_rows);
+    CHECK_FALSE(plan_forward(paper(3), {}, r).serve.gate_rows);
     FfnTuning r2;
+    r2.serve_gate_rows_max_tokens = 1;
+    CHECK(plan_forward(paper(1), {}, r2).serve.gate_rows);
+    CHECK_FALSE(plan_forward(paper(2), {}, r2).serve.gate_rows);
     r2.serve_gate_rows_max_tokens = 16;  // held at its instances' 2 tokens
     CHECK(plan_forward(paper(2), {}, r2).serve.gate_rows);
     CHECK_FALSE(plan_forward(paper(3), {}, r2).serve.gate_rows);

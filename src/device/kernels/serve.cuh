@@ -6,7 +6,7 @@
 //                 splitting K); its epilogue writes g of the active units (0 elsewhere) and one
 //                 byte per token of the active-unit words, then h = g (x_t . Wu_j) over g for the
 //                 active pairs, each Wu row read once (serve_gate_rows: the same for the plan's
-//                 gate_rows tokens, 1 by default and 2 for large gates, on CUDA cores with a
+//                 gate_rows tokens, 2 by default, on CUDA cores with a
 //                 warp a weight row);
 //   serve_down    y by slices of 256 columns: a block per (slice, token) walks the token's mask
 //                 words and adds h_tj Wd_j over its active units; its slice-0 blocks also count the
@@ -384,8 +384,8 @@ __global__ void __launch_bounds__(32 * kServeGateWarps, 6) serve_gate(ServeArgs<
 // products a value, x from shared memory (staged once a block, its requests issued before the
 // weight loads: x read through L1 chunk by chunk left each product waiting on its load, and the
 // kernel slower than serve_gate). Each warp then finishes its own unit, up dot included, without
-// waiting for the rest of the block. Faster than serve_gate at one token; at two only for large
-// gates (docs/performance-notes.md, serve_gate_rows_max_tokens).
+// waiting for the rest of the block. Faster than serve_gate at one and two tokens
+// (docs/performance-notes.md, serve_gate_rows_max_tokens).
 /// 16-byte chunks of an x row the serving kernels stage in shared memory: dp <= 8192 (max_model_dim).
 constexpr int kServeMaxChunks = 1024;
 

@@ -14,7 +14,7 @@ struct FfnTuning {
     int64_t serve_max_tokens = 256;        // past it the two-pass path
     int64_t serve_max_tokens_large = 128;  // the same for gates past serve_gate_large_weights
     int64_t serve_gate_max_tokens = 16;    // serve_gate (own tensor-core gate) up to here, <= 16
-    int64_t serve_gate_rows_max_tokens = 1;  // its gate on CUDA cores, a warp a weight row, up to here, <= 2
+    int64_t serve_gate_rows_max_tokens = 2;  // its gate on CUDA cores, a warp a weight row, up to here, <= 2
     int64_t serve_gate_rows_max_tokens_large = 2;  // the same for gates past serve_gate_large_weights
     int64_t serve_gate_large_weights = 25'000'000;  // H x D past which the limits above shrink
     int64_t serve_token_narrow_min_tokens = 129;    // serve_token's 8-warp blocks from here (else 16)
