@@ -29,25 +29,43 @@ template <class V, class Op> __device__ inline V block_reduce(V v, Op op, V *scr
     return total;
 }
 
+/// What publish_statistics reads of the statistics block, loaded early by a kernel whose end is
+/// the step's (their latency hidden): the last published record and the dense-mode limits.
+struct PublishInputs {
+    uint4 last_record;
+    double dense_mode_mean;
+    float dense_mode_share;
+};
+__device__ inline PublishInputs load_publish_inputs(const FfnStatsBlock *block) {
+    return {*reinterpret_cast<const uint4 *>(&block->published), block->dense_mode_mean, block->dense_mode_share};
+}
+
 /// The statistics of a forward, reduced, into the FFN's statistics block, and published to the
-/// host when what steers the path choice changed (one thread). `last_record`: the last published
-/// record, loaded early (its latency hidden).
-__device__ inline void publish_statistics(const FfnDeviceStats &s, int64_t h, FfnStatsBlock *block, FfnFeedback *publish,
-                                          uint4 last_record) {
-    (void)h;  // the limits are the tuning's, in the block
+/// host when what steers the path choice changed (one thread), against the limits in `in`.
+__device__ inline void publish_statistics(const FfnDeviceStats &s, FfnStatsBlock *block, FfnFeedback *publish,
+                                          const PublishInputs &in) {
+    const uint4 last_record = in.last_record;
     block->last = s;
     // publish what steers the path choice to the host (mapped memory), when it changed: one
     // 16-byte store with a check word, so that a torn read is recognised
     const long long m = s.tokens;
     const double mean = m > 0 ? static_cast<double>(s.total_nnz) / static_cast<double>(m) : 0.0;
     const float share = m > 0 ? static_cast<float>(static_cast<double>(s.dense_rows) / static_cast<double>(m)) : 0.0f;
-    const uint32_t mode = feedback_mode(mean > block->dense_mode_mean || share > block->dense_mode_share, mean);
+    const uint32_t mode = feedback_mode(mean > in.dense_mode_mean || share > in.dense_mode_share, mean);
     const uint32_t share_bits = __float_as_uint(share);
     if (last_record.z != 1u || last_record.x != mode || last_record.y != share_bits) {
         const uint4 record = make_uint4(mode, share_bits, 1u, feedback_check(mode, share_bits));
         *reinterpret_cast<uint4 *>(&block->published) = record;
         *reinterpret_cast<uint4 *>(publish) = record;
     }
+}
+
+/// The same with the limits read from the block now. `last_record`: the last published record,
+/// loaded early (its latency hidden).
+__device__ inline void publish_statistics(const FfnDeviceStats &s, int64_t h, FfnStatsBlock *block, FfnFeedback *publish,
+                                          uint4 last_record) {
+    (void)h;  // the limits are the tuning's, in the block
+    publish_statistics(s, block, publish, PublishInputs{last_record, block->dense_mode_mean, block->dense_mode_share});
 }
 
 /// The statistics of a forward reduced in a fixed order (deterministic) by the block that

@@ -516,7 +516,7 @@ __device__ inline uint32_t serve_mask_from_gate(const ServeArgs<T> &a, int64_t t
 /// Every thread calls it; the row's values matter in thread 0 only.
 template <bool kPast32Rows, class T>
 __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_t nnz, bool over, float row_l1,
-                                        uint4 last_record) {
+                                        const PublishInputs &early) {
     __shared__ bool last;
     if (threadIdx.x == 0) {
         const int32_t code = row_count_code(nnz, over, a.row_limit);
@@ -526,8 +526,7 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
         last = false;
         if (!a.ticket) {        // serve_stats publishes
         } else if (a.m == 1) {  // decode's one row: its statistics from registers, nothing read back
-            publish_statistics(FfnDeviceStats{1, nnz, nnz, code == -1, code < 0, row_l1}, a.h, a.stats, a.publish,
-                               last_record);
+            publish_statistics(FfnDeviceStats{1, nnz, nnz, code == -1, code < 0, row_l1}, a.stats, a.publish, early);
         } else {  // the other tokens' blocks write theirs
             __threadfence();
             last = atomicAdd(a.ticket, 1u) == static_cast<unsigned>(a.m - 1);
@@ -537,19 +536,18 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
     __syncthreads();
     if (last && threadIdx.x < 32)
         reduce_and_publish_statistics_warp<kPast32Rows>(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish,
-                                                        last_record);
+                                                        early.last_record);
 }
 
-/// The start of serve_down and serve_token: a counting block's thread 0 loads the last
-/// published statistics record before the wait (its latency hidden; serve_finish_row takes it),
-/// then every thread waits for the previous grid's h, masks and zeroed ticket. Without a ticket
-/// (serve_stats publishes) the record is not needed and not loaded.
-template <class T> __device__ inline uint4 serve_down_start(const ServeArgs<T> &a, bool counts_row) {
-    uint4 last_record = make_uint4(0, 0, 0, 0);
-    if (counts_row && a.ticket != nullptr && threadIdx.x == 0)
-        last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
+/// The start of serve_down and serve_token: a counting block's thread 0 loads what publishing the
+/// statistics reads of their block before the wait (its latency hidden; serve_finish_row takes
+/// it), then every thread waits for the previous grid's h, masks and zeroed ticket. Without a
+/// ticket (serve_stats publishes) none of it is needed or loaded.
+template <class T> __device__ inline PublishInputs serve_down_start(const ServeArgs<T> &a, bool counts_row) {
+    PublishInputs early{};
+    if (counts_row && a.ticket != nullptr && threadIdx.x == 0) early = load_publish_inputs(a.stats);
     wait_for_prior_grid();
-    return last_record;
+    return early;
 }
 
 // ---- serve_down: y_t = sum over the active units j of h_tj Wd_j, by column slices: a block per
@@ -585,7 +583,7 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     const int G = kGroups ? static_cast<int>(gridDim.z) : 1, g = kGroups ? static_cast<int>(blockIdx.z) : 0;
     const int64_t gw0 = kGroups ? serve_group_first_word(a, g, G) : 0;
     const int64_t gw1 = kGroups ? serve_group_first_word(a, g + 1, G) : a.words;
-    const uint4 last_record = serve_down_start(a, counts_row);  // after serve_gate
+    const PublishInputs early = serve_down_start(a, counts_row);  // after serve_gate
     const uint32_t *mw = a.masks + t * a.words;
     const T *hrow = a.gate + t * a.ldg;
     const ServeRows<T, FP8> rows(a);
@@ -701,7 +699,7 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     }
     if (!counts_row) return;
     // then the grid's last token the statistics
-    serve_finish_row<false>(a, t, nnz, over != 0, row_l1, last_record);
+    serve_finish_row<false>(a, t, nnz, over != 0, row_l1, early);
 }
 
 // ---- serve_token: past serve_gate's tokens, one kernel after cuBLAS's gate. It replaced two
@@ -746,7 +744,7 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     const int dot_chunks = FP8 ? static_cast<int>(a.fp8.half / E) : nchunks;
     const T *xrow = a.x + t * a.x_rs;
     for (int c = tid; c < dot_chunks; c += NT) xs[c] = serve_x_chunk(xrow, static_cast<int64_t>(c) * E, a.d);
-    const uint4 last_record = serve_down_start(a, counts_row);  // waits for cuBLAS's gate
+    const PublishInputs early = serve_down_start(a, counts_row);  // waits for cuBLAS's gate
     allow_dependent_launch();
 
     // 2. this thread's run of words (runs in thread order, so ranks follow unit order)
@@ -884,7 +882,7 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     }
     over = __syncthreads_or(over);
     const float row_l1 = block_reduce(l1, [](float x, float y) { return x + y; }, l1_scratch);
-    serve_finish_row<true>(a, t, total, over, row_l1, last_record);
+    serve_finish_row<true>(a, t, total, over, row_l1, early);
 }
 
 /// After serve_token (or serve_down) without a ticket: one warp
