@@ -301,15 +301,16 @@ __device__ inline void serve_tile_dots(const T *wrow, bool wok, const T *const (
 /// this grid has started (the rule of common/dependent_launch.cuh: serve_down waits for this
 /// grid's end and its writes before it reads anything of it; measured on an H100 against the
 /// trigger at the end: the same times within 1.5 %, M = 1 to 128, both shapes), zeroes the tickets
-/// serve_down counts on, and clears the tile's token sets (visible after the mainloop's barrier).
-template <class T> __device__ inline void serve_gate_start(const ServeArgs<T> &a, uint32_t *unit_tokens) {
+/// serve_down counts on, and clears the tile's sets (serve_gate's tokens of each unit,
+/// serve_gate_rows's units of each token; visible after the mainloop's barrier).
+template <class T> __device__ inline void serve_gate_start(const ServeArgs<T> &a, uint32_t *tile_sets) {
     allow_dependent_launch();
     if (a.ticket && blockIdx.x == 0 && threadIdx.x == 0) *a.ticket = 0;  // serve_down waits for this grid first
     if (a.down_groups > 1 && threadIdx.x == 0) {  // serve_down's (slice, token) tickets, likewise
         const int64_t tickets = (a.dp + kServeDownCols - 1) / kServeDownCols * a.m;
         for (int64_t i = blockIdx.x; i < tickets; i += gridDim.x) a.down_tickets[i] = 0;
     }
-    if (threadIdx.x < kServeGateUnits) unit_tokens[threadIdx.x] = 0;
+    if (threadIdx.x < kServeGateUnits) tile_sets[threadIdx.x] = 0;
 }
 
 /// serve_gate's epilogue, by W warps, once z[u][t] (unit unit0 + u, token t) is complete for the
@@ -393,6 +394,7 @@ template <class T, int M, bool FP8 = false>
 __global__ void __launch_bounds__(32 * kServeGateUnits, 4) serve_gate_rows(ServeArgs<T> a) {
     constexpr int E = Chunk<T>::n, L = 8;    // values a chunk; chunks in flight a lane
     __shared__ uint4 xs[M][kServeMaxChunks];  // the tokens' x rows, read once a block for its 8 warps
+    static_assert(M <= kServeGateUnits, "serve_gate_start clears a word of tile_bits a token");
     __shared__ uint32_t tile_bits[kServeGateUnits];  // bit w of word t: the tile's unit w is active on token t
     serve_gate_start(a, tile_bits);
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
