@@ -30,6 +30,13 @@ PlanInput llama(int64_t m) {
     return in;
 }
 
+/// How many tokens, from one up, take serve_gate's CUDA-core instance (serve_gate_rows) under `t`.
+int64_t gate_rows_tokens(PlanInput (*shape)(int64_t), const FfnTuning &t) {
+    int64_t m = 0;
+    while (m < 64 && plan_forward(shape(m + 1), {}, t).serve.gate_rows) ++m;
+    return m;
+}
+
 FfnPath path_of(const PlanInput &in, const PlanFeedback &fb = {}, const FfnTuning &t = {}) {
     return plan_forward(in, fb, t).path;
 }
@@ -319,30 +326,24 @@ TEST_CASE("plan: the tuning moves each crossover", "[plan]") {
     // serve_gate's CUDA-core instance: 2 tokens by default, 1 when asked, never past its
     // instances or where serve_gate does not run
     const FfnTuning r;
-    CHECK(plan_forward(paper(1), {}, r).serve.gate_rows);
-    CHECK(plan_forward(paper(2), {}, r).serve.gate_rows);
-    CHECK_FALSE(plan_forward(paper(3), {}, r).serve.gate_rows);
+    CHECK(gate_rows_tokens(paper, r) == 2);
     FfnTuning r2;
     r2.serve_gate_rows_max_tokens = 1;
-    CHECK(plan_forward(paper(1), {}, r2).serve.gate_rows);
-    CHECK_FALSE(plan_forward(paper(2), {}, r2).serve.gate_rows);
+    CHECK(gate_rows_tokens(paper, r2) == 1);
     r2.serve_gate_rows_max_tokens = 16;  // held at its instances' 2 tokens
-    CHECK(plan_forward(paper(2), {}, r2).serve.gate_rows);
-    CHECK_FALSE(plan_forward(paper(3), {}, r2).serve.gate_rows);
+    CHECK(gate_rows_tokens(paper, r2) == 2);
     r2.serve_gate_rows_max_tokens = 0;
-    CHECK_FALSE(plan_forward(paper(1), {}, r2).serve.gate_rows);
+    CHECK(gate_rows_tokens(paper, r2) == 0);
     r2.serve_gate_rows_max_tokens = 2;
     r2.serve_gate_max_tokens = 0;  // cuBLAS's gate from the first token
-    CHECK_FALSE(plan_forward(paper(1), {}, r2).serve.gate_rows);
+    CHECK(gate_rows_tokens(paper, r2) == 0);
     // gates past serve_gate_large_weights: 2 tokens by default, their own knob
-    CHECK(plan_forward(llama(2), {}, r).serve.gate_rows);
-    CHECK_FALSE(plan_forward(llama(3), {}, r).serve.gate_rows);
+    CHECK(gate_rows_tokens(llama, r) == 2);
     FfnTuning r3;
     r3.serve_gate_rows_max_tokens_large = 1;
-    CHECK(plan_forward(llama(1), {}, r3).serve.gate_rows);
-    CHECK_FALSE(plan_forward(llama(2), {}, r3).serve.gate_rows);
+    CHECK(gate_rows_tokens(llama, r3) == 1);
     r3.serve_gate_rows_max_tokens = 0;  // the paper's knob leaves large gates alone
-    CHECK(plan_forward(llama(1), {}, r3).serve.gate_rows);
+    CHECK(gate_rows_tokens(llama, r3) == 1);
 
     FfnTuning g;
     g.dense_mode_gather_share = 1.0;
