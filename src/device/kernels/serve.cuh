@@ -458,7 +458,8 @@ __global__ void __launch_bounds__(32 * kServeGateUnits, 4) serve_gate_rows(Serve
     for (int t = 0; t < M; ++t) {
         g[t] = round_to<T>(warp_sum(acc[t]));  // every lane has the sum
         on[t] = wok && t < a.m && relu_active(g[t]);
-        if (lane == 0 && wok && t < a.m) a.gate[t * a.ldg + unit] = Value<T>::from_float(on[t] ? g[t] : 0.0f);
+        // an active unit of a gated FFN stores its h below instead
+        if (lane == 0 && wok && t < a.m && !(a.gated && on[t])) a.gate[t * a.ldg + unit] = Value<T>::from_float(on[t] ? g[t] : 0.0f);
         if (lane == 0 && on[t]) atomicOr(&tile_bits[t], 1u << warp);
         fired += on[t];
     }
@@ -577,7 +578,8 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     __shared__ float red[W][kServeDownCols];
     __shared__ float warp_l1[W];
     __shared__ uint8_t word_nnz[kServeMaxWords];  // slice 0: active units per mask word
-    __shared__ int nnz_scratch[32];
+    __shared__ int nnz_scratch[W];  // slice 0: each warp's units, kOverBit set where a tile overflowed
+    constexpr int kOverBit = 1 << 30;  // above any warp's units: a row has at most 65536
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     const int64_t t = blockIdx.y, col0 = static_cast<int64_t>(blockIdx.x) * kServeDownCols + lane * E;
     const bool counts_row = blockIdx.x == 0;
@@ -662,9 +664,21 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
             nnz += n;
             over |= n > a.slots;
         }
-        nnz = block_reduce(nnz, [](int x, int y) { return x + y; }, nnz_scratch);
-        over = __syncthreads_or(over);
-        for (int w = 0; w < W; ++w) row_l1 += warp_l1[w];
+        // warp sums, then thread 0 adds the W warps' in order (only its values are used): one
+        // barrier, and W independent shared loads where block_reduce chains blockDim / 32 of them
+        nnz = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(nnz)));
+        over = __any_sync(kFullMask, over);
+        if (lane == 0) nnz_scratch[warp] = nnz | (over ? kOverBit : 0);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            nnz = 0, over = 0;
+#pragma unroll
+            for (int w = 0; w < W; ++w) {
+                nnz += nnz_scratch[w] & ~kOverBit;
+                over |= (nnz_scratch[w] & kOverBit) != 0;
+                row_l1 += warp_l1[w];
+            }
+        }
     }
     if constexpr (kGroups) {
         // the last of the (slice, token)'s blocks adds the partial rows and the counts in group order;
