@@ -536,6 +536,7 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
             if (last) __threadfence();
         }
     }
+    if (!a.ticket || a.m == 1) return;  // no ticket taken: no block-wide verdict to wait for
     __syncthreads();
     if (last && threadIdx.x < 32)
         reduce_and_publish_statistics_warp<kPast32Rows>(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish,
@@ -578,8 +579,6 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     __shared__ float red[W][kServeDownCols];
     __shared__ float warp_l1[W];
     __shared__ uint8_t word_nnz[kServeMaxWords];  // slice 0: active units per mask word
-    __shared__ int nnz_scratch[W];  // slice 0: each warp's units, kOverBit set where a tile overflowed
-    constexpr int kOverBit = 1 << 30;  // above any warp's units: a row has at most 65536
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     const int64_t t = blockIdx.y, col0 = static_cast<int64_t>(blockIdx.x) * kServeDownCols + lane * E;
     const bool counts_row = blockIdx.x == 0;
@@ -643,42 +642,36 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     // with groups: this block's partial row, (slice, token, group) in order
     const int64_t pair = t * gridDim.x + blockIdx.x;
     float *const part = kGroups ? a.parts + (pair * G + g) * kServeDownCols : nullptr;
-    for (int c = threadIdx.x; c < kServeDownCols; c += blockDim.x) {
-        const int64_t col = static_cast<int64_t>(blockIdx.x) * kServeDownCols + c;
-        float v = 0.0f;
-#pragma unroll
-        for (int w = 0; w < W; ++w) v += red[w][c];
-        if (part)
-            part[c] = v;
-        else if (col < a.d)
-            a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(v);
-    }
-    // the token's counts (row_count_code) and l1 over the group's tiles
+    // the token's counts (row_count_code) and l1 over the group's tiles, by warp 0 (thread 0's
+    // values are the ones used): no barrier past the sums'
     int nnz = 0, over = 0;
     float row_l1 = 0.0f;
-    if (counts_row) {
+    if (counts_row && warp == 0) {
         const int64_t per_tile = a.tile / 32;  // formed here: live across the loop above it cost a spill
-        for (int64_t tile = gw0 / per_tile + threadIdx.x; tile * per_tile < gw1; tile += blockDim.x) {
+        for (int64_t tile = gw0 / per_tile + lane; tile * per_tile < gw1; tile += 32) {
             int n = 0;
             for (int64_t w = tile * per_tile; w < min(gw1, (tile + 1) * per_tile); ++w) n += word_nnz[w];
             nnz += n;
             over |= n > a.slots;
         }
-        // warp sums, then thread 0 adds the W warps' in order (only its values are used): one
-        // barrier, and W independent shared loads where block_reduce chains blockDim / 32 of them
         nnz = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(nnz)));
         over = __any_sync(kFullMask, over);
-        if (lane == 0) nnz_scratch[warp] = nnz | (over ? kOverBit : 0);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            nnz = 0, over = 0;
 #pragma unroll
-            for (int w = 0; w < W; ++w) {
-                nnz += nnz_scratch[w] & ~kOverBit;
-                over |= (nnz_scratch[w] & kOverBit) != 0;
-                row_l1 += warp_l1[w];
-            }
-        }
+        for (int w = 0; w < W; ++w) row_l1 += warp_l1[w];
+    }
+    // the slice's columns by the last warps, while warp 0 of a counting block counts the row
+    // (the two no longer one after the other on the step's critical path)
+    static_assert(32 * W - kServeDownCols >= 32, "y's threads leave warp 0 to the counts");
+    const int yc = static_cast<int>(threadIdx.x) - (32 * W - kServeDownCols);
+    if (yc >= 0) {
+        const int64_t col = static_cast<int64_t>(blockIdx.x) * kServeDownCols + yc;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) v += red[w][yc];
+        if (part)
+            part[yc] = v;
+        else if (col < a.d)
+            a.y[t * a.y_rs + col * a.y_cs] = Value<T>::from_float(v);
     }
     if constexpr (kGroups) {
         // the last of the (slice, token)'s blocks adds the partial rows and the counts in group order;
