@@ -459,7 +459,8 @@ __global__ void __launch_bounds__(32 * kServeGateUnits, 4) serve_gate_rows(Serve
         g[t] = round_to<T>(warp_sum(acc[t]));  // every lane has the sum
         on[t] = wok && t < a.m && relu_active(g[t]);
         // an active unit of a gated FFN stores its h below instead
-        if (lane == 0 && wok && t < a.m && !(a.gated && on[t])) a.gate[t * a.ldg + unit] = Value<T>::from_float(on[t] ? g[t] : 0.0f);
+        if (lane == 0 && wok && t < a.m && !(a.gated && on[t]))
+            a.gate[t * a.ldg + unit] = Value<T>::from_float(on[t] ? g[t] : 0.0f);
         if (lane == 0 && on[t]) atomicOr(&tile_bits[t], 1u << warp);
         fired += on[t];
     }
@@ -659,8 +660,8 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
 #pragma unroll
         for (int w = 0; w < W; ++w) row_l1 += warp_l1[w];
     }
-    // the slice's columns by the last warps, while warp 0 of a counting block counts the row
-    // (the two no longer one after the other on the step's critical path)
+    // the slice's columns by the last warps, while warp 0 of a counting block counts the row: the
+    // two side by side at the end of the step's critical path
     static_assert(32 * W - kServeDownCols >= 32, "y's threads leave warp 0 to the counts");
     const int yc = static_cast<int>(threadIdx.x) - (32 * W - kServeDownCols);
     if (yc >= 0) {
