@@ -15,6 +15,7 @@
 //   twblas::ffn_stats(w_gate?, w_up, w_down) -> float[]   (twFfnGetStats: blocks)
 //   twblas::ffn_neuron_counts(w_gate?, w_up, w_down, reset=False) -> Tensor
 //   twblas::ffn_weight_copy_bytes(w_gate?, w_up, w_down) -> int   (TW_FFN_ATTR_WEIGHT_COPY_BYTES)
+//   twblas::ffn_deterministic(w_gate?, w_up, w_down) -> bool      (TW_FFN_ATTR_DETERMINISTIC)
 //   twblas::_cache_info() -> int[]   (FFN descriptors held, made and re-pointed so far: for the tests)
 //
 // Weights use nn.Linear's layouts: w_gate, w_up (H, D), w_down (D, H); x (..., D). The fake
@@ -441,6 +442,16 @@ class Ffn {
         save_dense_ = mode;
     }
 
+    // with `mu` held: TW_FFN_ATTR_DETERMINISTIC as torch.use_deterministic_algorithms() has it,
+    // set when it changes: the same bits run to run when torch asks for them (the library's
+    // default also runs paths that sum in whatever order the GPU reaches the terms)
+    void set_deterministic(bool on) {
+        const int32_t v = on ? 1 : 0;
+        if (v == deterministic_) return;
+        check(twFfnSetAttribute(d_, TW_FFN_ATTR_DETERMINISTIC, &v, sizeof v), nullptr, "twFfnSetAttribute");
+        deterministic_ = v;
+    }
+
     // with `mu` held: a pointer attribute (L1_OUTPUT, L1_COEFF_POINTER) at `p` for the next call.
     // It stays set afterwards; every call that reads or writes it sets it first, under the lock.
     void point(twFfnAttribute_t attr, void* p) {
@@ -455,6 +466,7 @@ class Ffn {
     bool gated_;
     bool keeps_copy_ = true;
     int32_t save_dense_ = TW_SAVE_DENSE_AUTO;  // the attribute's default
+    int32_t deterministic_ = 0;                // likewise
     void* l1_output_ = nullptr;
     void* l1_coeff_ = nullptr;
     std::optional<WeakImpl> impls_[3];
@@ -561,6 +573,7 @@ std::tuple<Tensor, Tensor, Tensor> ffn_forward(const Tensor& x, const OptTensor&
     twHandle_t h = handle_for(dev);
     UsingFfn use(h, ws);  // made (weights checked) on the first call, even of no tokens
     Ffn& ffn = *use.ffn;
+    ffn.set_deterministic(at::globalContext().deterministicAlgorithms());
     Tensor y = at::empty(x.sizes(), opts);
     if (m == 0)
         return {y, at::zeros({}, opts.dtype(at::kFloat)), at::empty({0}, opts.dtype(at::kByte))};
@@ -762,6 +775,15 @@ int64_t ffn_weight_copy_bytes(const OptTensor& w_gate, const Tensor& w_up, const
     return bytes;
 }
 
+// TW_FFN_ATTR_DETERMINISTIC of the weights' descriptor: whether its last forward ran under
+// torch.use_deterministic_algorithms(True)
+bool ffn_deterministic(const OptTensor& w_gate, const Tensor& w_up, const Tensor& w_down) {
+    QueriedFfn q(w_gate, w_up, w_down);
+    int32_t v = 0;
+    check(twFfnGetAttribute(q.ffn(), TW_FFN_ATTR_DETERMINISTIC, &v, sizeof v), nullptr, "twFfnGetAttribute");
+    return v != 0;
+}
+
 std::vector<int64_t> cache_info() { return cache().info(); }
 
 }  // namespace
@@ -782,6 +804,7 @@ TORCH_LIBRARY(twblas, m) {
     m.def("ffn_stats(Tensor? w_gate, Tensor w_up, Tensor w_down) -> float[]");
     m.def("ffn_neuron_counts(Tensor? w_gate, Tensor w_up, Tensor w_down, bool reset=False) -> Tensor");
     m.def("ffn_weight_copy_bytes(Tensor? w_gate, Tensor w_up, Tensor w_down) -> int");
+    m.def("ffn_deterministic(Tensor? w_gate, Tensor w_up, Tensor w_down) -> bool");
     m.def("_cache_info() -> int[]", &cache_info);  // no tensor: one kernel for every key
 }
 
@@ -804,4 +827,5 @@ TORCH_LIBRARY_IMPL(twblas, CompositeImplicitAutograd, m) {
     m.impl("ffn_stats", ffn_stats);
     m.impl("ffn_neuron_counts", ffn_neuron_counts);
     m.impl("ffn_weight_copy_bytes", ffn_weight_copy_bytes);
+    m.impl("ffn_deterministic", ffn_deterministic);
 }

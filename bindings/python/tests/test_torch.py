@@ -462,6 +462,30 @@ def test_weight_copies_of_the_descriptor(device, dtype):
         assert copies > 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_follows_torch_deterministic_algorithms(device):
+    # each forward sets TW_FFN_ATTR_DETERMINISTIC as torch.use_deterministic_algorithms() has it:
+    # on CUDA the library's default also runs paths whose sums vary in order from call to call
+    # (dense mode; one and two tokens on the serving path); under torch's flag the bits repeat
+    mlp = SparseMLP(32, 64, device=device, dtype=torch.bfloat16)
+    w = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+    x = torch.randn(1, 32, device=device, dtype=torch.bfloat16, generator=torch.Generator(device).manual_seed(5))
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        with torch.no_grad():
+            mlp(x)
+            assert not torch.ops.twblas.ffn_deterministic(*w)
+            torch.use_deterministic_algorithms(True)
+            ys = [mlp(x) for _ in range(4)]
+            assert torch.ops.twblas.ffn_deterministic(*w)
+            assert all(torch.equal(ys[0], y) for y in ys[1:])
+            torch.use_deterministic_algorithms(False)
+            mlp(x)
+            assert not torch.ops.twblas.ffn_deterministic(*w)
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
 def test_sparse_mlp_keeps_down_weight_in_place_layout():
     mlp = SparseMLP(24, 72)
     w = mlp.down_proj.weight
