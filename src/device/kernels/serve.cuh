@@ -587,7 +587,15 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     const int G = kGroups ? static_cast<int>(gridDim.z) : 1, g = kGroups ? static_cast<int>(blockIdx.z) : 0;
     const int64_t gw0 = kGroups ? serve_group_first_word(a, g, G) : 0;
     const int64_t gw1 = kGroups ? serve_group_first_word(a, g + 1, G) : a.words;
-    const PublishInputs early = serve_down_start(a, counts_row);  // after serve_gate
+    // FP8's instance keeps the statistics' early loads in shared memory (in registers they make it
+    // spill); the 16-bit instance is faster with them in registers
+    __shared__ PublishInputs early_s;
+    const PublishInputs early_r = FP8 ? PublishInputs{} : serve_down_start(a, counts_row);
+    if constexpr (FP8) {
+        if (counts_row && a.ticket != nullptr && threadIdx.x == 0) early_s = load_publish_inputs(a.stats);
+        wait_for_prior_grid();
+    }
+    const PublishInputs &early = FP8 ? early_s : early_r;
     const uint32_t *mw = a.masks + t * a.words;
     const T *hrow = a.gate + t * a.ldg;
     const ServeRows<T, FP8> rows(a);
