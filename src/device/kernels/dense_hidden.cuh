@@ -249,8 +249,8 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseSt
     const int warp = static_cast<int>(threadIdx.x / 32);
     const int lane = threadIdx.x & 31;
     const int64_t row = blockIdx.x;
-    uint4 last_record = make_uint4(0, 0, 0, 0);  // loaded now, its latency hidden
-    if (threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);
+    PublishInputs early{};  // loaded now, its latency hidden
+    if (threadIdx.x == 0) early = load_publish_inputs(a.stats);
     const int lanes_per_tile = a.tile / 8;
     const T *z = a.z + row * a.ldg, *h = a.h + row * a.ldg;
     int units = 0;
@@ -291,10 +291,10 @@ __global__ void __launch_bounds__(32 * kDenseStatsWarps) dense_row_stats(DenseSt
     __syncthreads();
     // up to 32 rows one warp's reduction
     if (last && a.m <= 32 && threadIdx.x < 32)
-        reduce_and_publish_statistics_warp(static_cast<int>(a.m), a.cols, a.row_nnz, a.count, a.row_l1, a.stats,
-                                           a.publish, last_record);
+        reduce_and_publish_statistics_warp(static_cast<int>(a.m), a.row_nnz, a.count, a.row_l1, a.stats, a.publish,
+                                           early);
     if (last && a.m > 32)
-        reduce_and_publish_statistics(a.m, a.cols, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+        reduce_and_publish_statistics(a.m, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, early);
 }
 
 }  // namespace twblas::cuda

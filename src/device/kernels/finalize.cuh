@@ -60,21 +60,14 @@ __device__ inline void publish_statistics(const FfnDeviceStats &s, FfnStatsBlock
     }
 }
 
-/// The same with the limits read from the block now. `last_record`: the last published record,
-/// loaded early (its latency hidden).
-__device__ inline void publish_statistics(const FfnDeviceStats &s, int64_t h, FfnStatsBlock *block, FfnFeedback *publish,
-                                          uint4 last_record) {
-    (void)h;  // the limits are the tuning's, in the block
-    publish_statistics(s, block, publish, PublishInputs{last_record, block->dense_mode_mean, block->dense_mode_share});
-}
-
 /// The statistics of a forward reduced in a fixed order (deterministic) by the block that
 /// finishes it, then published: each warp's butterfly over all five values, then thread 0 adds
 /// the warps in order (the order block_reduce gives, so the same bits) and publishes. One barrier
-/// instead of five reductions' ten: this is the serial end of every forward.
-__device__ inline void reduce_and_publish_statistics(int64_t m, int64_t h, const int32_t *row_nnz, const int32_t *count,
+/// instead of five reductions' ten: this is the serial end of every forward. `in`: thread 0's,
+/// loaded before the kernel's wait.
+__device__ inline void reduce_and_publish_statistics(int64_t m, const int32_t *row_nnz, const int32_t *count,
                                                      const float *row_l1, FfnStatsBlock *block, FfnFeedback *publish,
-                                                     uint4 last_record) {
+                                                     const PublishInputs &in) {
     long long nnz = 0, mx = 0, over = 0, dense = 0;
     double l1 = 0.0;
     // a thread's rows r, r + blockDim.x, ... in that order, kStatsAhead rows' loads in flight at a
@@ -121,7 +114,7 @@ __device__ inline void reduce_and_publish_statistics(int64_t m, int64_t h, const
         total.dense_rows += s.dense_rows;
         total.l1_sum += s.l1_sum;
     }
-    publish_statistics(total, h, block, publish, last_record);
+    publish_statistics(total, block, publish, in);
 }
 
 /// The same by one warp (lane r reads row r, and r + 32, ... with kPast32Rows): a few instructions instead of five
@@ -130,9 +123,9 @@ __device__ inline void reduce_and_publish_statistics(int64_t m, int64_t h, const
 /// not profiled; code run once per call from a cold instruction cache is a guess). The 32-bit
 /// sums hold for the serving path's rows (up to kServeMaxTokens, of at most 65536 units each).
 template <bool kPast32Rows = false>
-__device__ inline void reduce_and_publish_statistics_warp(int m, int64_t h, const int32_t *row_nnz, const int32_t *count,
+__device__ inline void reduce_and_publish_statistics_warp(int m, const int32_t *row_nnz, const int32_t *count,
                                                           const float *row_l1, FfnStatsBlock *block, FfnFeedback *publish,
-                                                          uint4 last_record) {
+                                                          const PublishInputs &in) {
     const int lane = threadIdx.x & 31;
     const bool mine = lane < m;
     int32_t mx = mine ? __ldcg(row_nnz + lane) : 0;
@@ -150,7 +143,7 @@ __device__ inline void reduce_and_publish_statistics_warp(int m, int64_t h, cons
     const long long tm = __reduce_max_sync(kFullMask, mx);
     const long long to = __reduce_add_sync(kFullMask, over);
     const long long td = __reduce_add_sync(kFullMask, dense);
-    if (lane == 0) publish_statistics(FfnDeviceStats{m, tn, tm, to, td, l1}, h, block, publish, last_record);
+    if (lane == 0) publish_statistics(FfnDeviceStats{m, tn, tm, to, td, l1}, block, publish, in);
 }
 
 /// The l1 of the rows on the dense path (one warp per row), then, in the last block to finish,
@@ -163,10 +156,10 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
                                                           const int32_t *count, float *row_l1, uint32_t *ticket,
                                                           FfnStatsBlock *block, FfnFeedback *publish) {
     const int lane = threadIdx.x & 31;
-    // the last published record, loaded now so that its latency hides behind the work below
-    // (a load at the end put about a microsecond on every forward's critical path)
-    uint4 last_record = make_uint4(0, 0, 0, 0);
-    if (threadIdx.x == 0) last_record = *reinterpret_cast<const uint4 *>(&block->published);
+    // what publishing reads, loaded now so that its latency hides behind the work below (a load
+    // at the end put about a microsecond on every forward's critical path)
+    PublishInputs early{};
+    if (threadIdx.x == 0) early = load_publish_inputs(block);
     wait_for_prior_grid();  // the forward's kernels (launch_dependent)
     const bool any_dense = dense_l1 && static_cast<int64_t>(*count_dense) > first;  // rows whose l1 is computed here
     if (any_dense) {
@@ -186,7 +179,7 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
     if (!any_dense) {
         // nothing written above: block 0 reduces at once, without the other blocks' release and
         // ticket (two dependent round trips fewer on every forward without dense-path rows)
-        if (blockIdx.x == 0) reduce_and_publish_statistics(m, h, row_nnz, count, row_l1, block, publish, last_record);
+        if (blockIdx.x == 0) reduce_and_publish_statistics(m, row_nnz, count, row_l1, block, publish, early);
         return;
     }
     __shared__ bool last;
@@ -196,7 +189,7 @@ __global__ void __launch_bounds__(kFinalThreads) finalize(const void *gate, int6
     __syncthreads();
     if (!last) return;
     __threadfence();
-    reduce_and_publish_statistics(m, h, row_nnz, count, row_l1, block, publish, last_record);
+    reduce_and_publish_statistics(m, row_nnz, count, row_l1, block, publish, early);
 }
 
 }  // namespace twblas::cuda

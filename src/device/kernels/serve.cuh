@@ -540,8 +540,7 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
     if (!a.ticket || a.m == 1) return;  // no ticket taken: no block-wide verdict to wait for
     __syncthreads();
     if (last && threadIdx.x < 32)
-        reduce_and_publish_statistics_warp<kPast32Rows>(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish,
-                                                        early.last_record);
+        reduce_and_publish_statistics_warp<kPast32Rows>(a.m, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, early);
 }
 
 /// The start of serve_down and serve_token: a counting block's thread 0 loads what publishing the
@@ -908,9 +907,10 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
 /// a ticket before the gate GEMM and no token block waits on one.
 template <class T>
 __global__ void __launch_bounds__(32) serve_stats(ServeArgs<T> a) {
-    const uint4 last_record = *reinterpret_cast<const uint4 *>(&a.stats->published);  // read by lane 0
+    PublishInputs early{};  // read by lane 0
+    if (threadIdx.x == 0) early = load_publish_inputs(a.stats);
     wait_for_prior_grid();
-    reduce_and_publish_statistics_warp<true>(a.m, a.h, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, last_record);
+    reduce_and_publish_statistics_warp<true>(a.m, a.row_nnz, a.count, a.row_l1, a.stats, a.publish, early);
 }
 
 }  // namespace twblas::cuda
