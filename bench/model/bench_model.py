@@ -491,6 +491,30 @@ class FfnTimer:
         return sum(self.clock.ms(a, b) for a, b in self.spans)
 
 
+class HostTimer:
+    """The host's time inside every MLP module's forward (perf_counter around it): what an eager
+    loop spends launching the FFN, whatever the GPU does meanwhile."""
+
+    def __init__(self, mlps):
+        self.seconds, self._start, self.handles = 0.0, None, []
+        for m in mlps:
+            self.handles.append(m.register_forward_pre_hook(self._pre))
+            self.handles.append(m.register_forward_hook(self._post))
+
+    def _pre(self, mod, args):
+        self._start = time.perf_counter()
+
+    def _post(self, mod, args, out):
+        self.seconds += time.perf_counter() - self._start
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+    def total_ms(self):
+        return self.seconds * 1e3
+
+
 def ffn_split(ctx, mlps, fn, n, backward):
     """`n` more calls of fn with the MLPs' marks (FfnTimer), each also timed as a whole: the FFN's
     share and the rest measured on the same iterations. ffn_ms and outside_ffn_ms are medians over
@@ -639,7 +663,8 @@ def aggregate(loops, tokens_per_iter):
     ms = _median(ms_rounds)
     rec = {"ms": ms, "tokens_per_s": tokens_per_iter / ms * 1e3, "ms_median": _median(per), "ms_min": per[0],
            "iters": iters, "rounds": len(loops), "ms_rounds": [round(x, 4) for x in ms_rounds],
-           "ms_spread": (max(ms_rounds) - min(ms_rounds)) / ms if ms else None}
+           "ms_spread": (max(ms_rounds) - min(ms_rounds)) / ms if ms else None,
+           "new_segments_per_iter": sum(t.get("segments", 0) for t in loops) / iters if iters else None}
     n = iters * tokens_per_iter
     jc = [t["j_counter"] for t in loops]
     js = [t["j_sampled"] for t in loops]
@@ -670,6 +695,13 @@ def allocated(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
         return torch.cuda.memory_allocated(device)
+    return 0
+
+
+def segments(device):
+    """Memory segments the caching allocator has taken from the driver so far (cudaMalloc calls)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_stats(device).get("segment.all.allocated", 0)
     return 0
 
 
@@ -797,6 +829,13 @@ def prep_decode_eager(ctx, model, variant, batch, seq, steps):
             rec["ffn_ms"] = ffn.total_ms() / 3
         finally:
             ffn.remove()
+        host = HostTimer(mlps_of(model))
+        try:
+            for _ in range(3):
+                fn()
+            rec["ffn_host_ms"] = host.total_ms() / 3
+        finally:
+            host.remove()
         rec["active_per_layer"] = active_after(model, variant, fn)
         rec["ctx"] = dc
         rec["ctx_end"] = dc + state["i"]
@@ -921,9 +960,10 @@ PREPARE = {"prefill": prep_prefill, "decode-eager": prep_decode_eager, "decode-g
 WARMUP = {"prefill": "prefill_warmup", "decode-eager": "decode_warmup", "decode-graph": "decode_warmup",
           "train": "train_warmup"}
 MAX_ITERS = {"prefill": 1000, "decode-eager": "decode_max", "decode-graph": "graph_max", "train": 50}
-# after the rounds, single steps of each variant in turn (ms_paired): a host-bound loop whose host
-# switches between a fast and a slow state shifts whole rounds, not the ratio of neighbouring steps
-PAIRED = {"decode-eager": 40}
+# modes whose timed loops start from an emptied allocator cache, counting the segments they take
+# (new_segments_per_iter): an eager decode step grows every layer's KV cache, so that neither
+# variant's loop lives on blocks the other freed unseen
+FRESH_ALLOCATOR = {"decode-eager"}
 
 
 def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
@@ -934,7 +974,7 @@ def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
     warm = max(2, it[WARMUP[mode]])
     mx = MAX_ITERS[mode]
     mx = it[mx] if isinstance(mx, str) else mx
-    steps = warm + rounds * mx + PAIRED.get(mode, 0) + 8  # calls of fn a variant may make
+    steps = warm + rounds * mx + 8  # calls of fn a variant may make
     preps, held, errors, out = {}, {}, {}, {}
     try:
         for v in variants:
@@ -972,34 +1012,26 @@ def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
                 if v in errors:
                     continue
                 vs.use(v)
+                if mode in FRESH_ALLOCATOR:
+                    free(device)
                 peak_reset(device)
+                s0 = segments(device)
                 try:
                     loops[v].append(timed_loop(preps[v].fn, clock, ctx.energy, n[v]))
                 except Exception as e:  # noqa: BLE001
                     errors[v] = e
                     continue
+                loops[v][-1]["segments"] = segments(device) - s0
                 p = peak_gib(device)
                 if p is not None:
                     p -= sum(held[u] for u in held if u != v) / 2**30
                 peaks[v].append(p)
-        paired = {v: [] for v in live}
-        for i in range(PAIRED.get(mode, 0)):
-            for v in (live if i % 2 == 0 else live[::-1]):
-                if v in errors:
-                    continue
-                vs.use(v)
-                try:
-                    paired[v].append(time_one(preps[v].fn, clock) * 1e3)
-                except Exception as e:  # noqa: BLE001
-                    errors[v] = e
         for v in live:
             if v in errors:
                 continue
             vs.use(v)
             try:
                 rec = aggregate(loops[v], preps[v].tokens)
-                if paired[v]:
-                    rec["ms_paired"] = [round(x, 4) for x in paired[v]]
                 rec["peak_gib"] = max(peaks[v]) if peaks[v] and peaks[v][0] is not None else None
                 if mode == "train":  # each step's time, in order (steps differ: ms is their mean)
                     rec["ms_iters"] = [round(x, 3) for t in loops[v] for x in t["per"]]
@@ -1309,7 +1341,10 @@ def main():
                         f"peak {rec['peak_gib'] if rec['peak_gib'] is not None else nan:6.2f} GiB, "
                         f"{rec['j_per_token'] * 1e3 if rec['j_per_token'] is not None else nan:8.4f} mJ/tok, "
                         f"ffn {rec['ffn_ms'] if rec.get('ffn_ms') is not None else nan:8.3f} ms, "
-                        f"active {rec['active_units']:.1f}")
+                        f"active {rec['active_units']:.1f}"
+                        + (f", ffn host {rec['ffn_host_ms']:.3f} ms" if rec.get("ffn_host_ms") is not None else "")
+                        + (f", new segments {rec['new_segments_per_iter']:.1f}/it"
+                           if rec.get("new_segments_per_iter") else ""))
                 doc["records"].append(rec)
             log(f"    [{mode} b {batch}: {time.perf_counter() - tp:.1f} s]")
             write_json(out, doc)

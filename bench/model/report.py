@@ -15,6 +15,10 @@ import os
 import sys
 
 MODE_ORDER = {"prefill": 0, "decode-eager": 1, "decode-graph": 2, "train": 3}
+# rounds that differ by more than this (either variant) compare something other than the variants
+# (the host's state; in eager decode, which variant met each KV-cache length first): no time or
+# energy ratio is given for them
+SPREAD_LIMIT = 0.2
 
 
 def _f(v, fmt="{:.2f}"):
@@ -23,6 +27,11 @@ def _f(v, fmt="{:.2f}"):
 
 def _ratio(a, b):
     return a / b if a is not None and b not in (None, 0) else None
+
+
+def settled(d, t):
+    """Whether both variants' rounds agree (their ratios mean something)."""
+    return all(r is not None and (r.get("ms_spread") or 0) <= SPREAD_LIMIT for r in (d, t))
 
 
 def rows(doc):
@@ -64,9 +73,10 @@ def table(doc):
         err = "; ".join(f"{v}: {r['error'][:80]}" for v, r in (("dense", d), ("twblas", t)) if r and r.get("error"))
         jd, jt = g(d, "j_per_token"), g(t, "j_per_token")
         fd, ft = g(d, "ffn_ms"), g(t, "ffn_ms")
+        speedup = _f(_ratio(g(d, "ms"), g(t, "ms")), "**{:.2f}x**") if settled(d, t) else "- (rounds disagree)"
         out.append("| " + " | ".join([
             name, mode, shape, _f(g(d, "ms"), "{:.3f}"), _f(g(t, "ms"), "{:.3f}"),
-            _f(_ratio(g(d, "ms"), g(t, "ms")), "**{:.2f}x**"),
+            speedup,
             _f(g(d, "tokens_per_s"), "{:.0f}"), _f(g(t, "tokens_per_s"), "{:.0f}"),
             f"{_f(g(d, 'peak_gib'))} / {_f(g(t, 'peak_gib'))}",
             f"{_f(jd and jd * 1e3, '{:.3f}')} / {_f(jt and jt * 1e3, '{:.3f}')}",
@@ -92,9 +102,10 @@ def plot(doc, path):
         if not d or not t or d.get("error") or t.get("error"):
             continue
         labels.append(f"{model} {mode} b{batch}" + (f"x{seq}" if not mode.startswith("decode") else ""))
-        model_x.append(_ratio(d["ms"], t["ms"]))
+        ok = settled(d, t)
+        model_x.append(_ratio(d["ms"], t["ms"]) if ok else None)
         ffn_x.append(_ratio(d.get("ffn_ms"), t.get("ffn_ms")))
-        energy_x.append(_ratio(d.get("j_per_token"), t.get("j_per_token")))
+        energy_x.append(_ratio(d.get("j_per_token"), t.get("j_per_token")) if ok else None)
     if not labels:
         print("(no plot: no paired points)", file=sys.stderr)
         return False
