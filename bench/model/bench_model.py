@@ -515,6 +515,17 @@ class HostTimer:
         return self.seconds * 1e3
 
 
+def per_call_ms(timer, fn, n):
+    """`n` calls of fn with `timer`'s hooks in place (FfnTimer or HostTimer): its total a call;
+    the hooks removed after."""
+    try:
+        for _ in range(n):
+            fn()
+        return timer.total_ms() / n
+    finally:
+        timer.remove()
+
+
 def ffn_split(ctx, mlps, fn, n, backward):
     """`n` more calls of fn with the MLPs' marks (FfnTimer), each also timed as a whole: the FFN's
     share and the rest measured on the same iterations. ffn_ms and outside_ffn_ms are medians over
@@ -821,21 +832,8 @@ def prep_decode_eager(ctx, model, variant, batch, seq, steps):
             base(input_ids=step_ids[i], **cache_kwargs(cache))
 
     def after():
-        rec = {}
-        ffn = FfnTimer(mlps_of(model), clock)
-        try:
-            for _ in range(3):
-                fn()
-            rec["ffn_ms"] = ffn.total_ms() / 3
-        finally:
-            ffn.remove()
-        host = HostTimer(mlps_of(model))
-        try:
-            for _ in range(3):
-                fn()
-            rec["ffn_host_ms"] = host.total_ms() / 3
-        finally:
-            host.remove()
+        rec = {"ffn_ms": per_call_ms(FfnTimer(mlps_of(model), clock), fn, 3),
+               "ffn_host_ms": per_call_ms(HostTimer(mlps_of(model)), fn, 3)}
         rec["active_per_layer"] = active_after(model, variant, fn)
         rec["ctx"] = dc
         rec["ctx_end"] = dc + state["i"]
