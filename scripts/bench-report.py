@@ -362,9 +362,9 @@ def model_section(results, docs=None):
             "[bench/model/README.md](../bench/model/README.md)): the paper's 2B shape (38 layers, D 2048, H 5632, "
             "ReLU gated FFN), the model body without the LM head, the dense model and the same model after "
             "`twblas.torch.sparsify()` in one process, alternating rounds. Baseline: the dense HF model "
-            "(PyTorch's matmuls). Eager decode is host-bound, and its rounds compare the order, not the FFN: the "
-            "first loop of each round meets each KV-cache length first and takes about 45 ms a step more than "
-            "the loop after it, whichever variant runs it (the rounds' spread column; bench/model/README.md).", "",
+            "(PyTorch's matmuls). Eager decode is host-bound (HF's Python); its loops run at KV-cache lengths "
+            "visited once before them, as in a process that has decoded before (a new length's first step is "
+            "slow whichever variant makes it; bench/model/README.md).", "",
             report.table(doc), "", "![the whole model, dense against twblas](model-h200.png)"]
 
 
@@ -410,11 +410,9 @@ def readme_model_table(results):
             "one process (`bench/results/h200-model.json`, [docs/benchmarks.md](docs/benchmarks.md)):\n\n"
             + table(["what", "dense HF", "twblas", "speedup", "peak memory dense / twblas"], body)
             + ("\n\nLeft out, their alternating rounds differing by more than 20 % (dense against twblas in "
-               "parentheses): " + "; ".join(noisy) + ". In eager decode the first loop of each round is the "
-               "slow one, whichever variant runs it: it meets each new KV-cache length first, and the loop "
-               "after it, at the same lengths, takes about 45 ms a step less (our reading: PyTorch's cuDNN "
-               "attention builds a graph for each new length and keeps it). The host time in the MLPs is "
-               "what the FFN changes." if noisy else ""))
+               "parentheses): " + "; ".join(noisy) + ". Such rounds measure something besides the variants "
+               "(the order, the allocator, another process); the host time in the MLPs is what the FFN "
+               "changes." if noisy else ""))
 
 
 def readme_ffn_table(results):
