@@ -63,6 +63,7 @@ template <class T> struct ServeArgs {
     float *row_l1;
     FfnStatsBlock *stats;
     FfnFeedback *publish;
+    bool token_stages;  // serve_token stages the up rows in dynamic shared memory (serve_token_stage_bytes)
     int down_groups;  // serve_down's blocks a (slice, token) (the plan's serve.down_groups)
     float *parts, *part_l1;  // with groups: the blocks' partial rows, l1, units and flags
     int32_t *part_nnz, *part_over;
@@ -544,14 +545,13 @@ __device__ inline void serve_finish_row(const ServeArgs<T> &a, int64_t t, int32_
 }
 
 /// The start of serve_down and serve_token: a counting block's thread 0 loads what publishing the
-/// statistics reads of their block before the wait (its latency hidden; serve_finish_row takes
-/// it), then every thread waits for the previous grid's h, masks and zeroed ticket. Without a
-/// ticket (serve_stats publishes) none of it is needed or loaded.
-template <class T> __device__ inline PublishInputs serve_down_start(const ServeArgs<T> &a, bool counts_row) {
-    PublishInputs early{};
+/// statistics reads of their block into `early` before the wait (its latency hidden;
+/// serve_finish_row takes it), then every thread waits for the previous grid's h, masks and zeroed
+/// ticket. Without a ticket (serve_stats publishes) none of it is needed or loaded. `early` is a
+/// register copy or a shared one, whichever the kernel's registers afford.
+template <class T> __device__ inline void serve_down_start(const ServeArgs<T> &a, bool counts_row, PublishInputs &early) {
     if (counts_row && a.ticket != nullptr && threadIdx.x == 0) early = load_publish_inputs(a.stats);
     wait_for_prior_grid();
-    return early;
 }
 
 // ---- serve_down: y_t = sum over the active units j of h_tj Wd_j, by column slices: a block per
@@ -589,12 +589,9 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
     // FP8's instance keeps the statistics' early loads in shared memory (in registers they make it
     // spill); the 16-bit instance is faster with them in registers
     __shared__ PublishInputs early_s;
-    const PublishInputs early_r = FP8 ? PublishInputs{} : serve_down_start(a, counts_row);
-    if constexpr (FP8) {
-        if (counts_row && a.ticket != nullptr && threadIdx.x == 0) early_s = load_publish_inputs(a.stats);
-        wait_for_prior_grid();
-    }
-    const PublishInputs &early = FP8 ? early_s : early_r;
+    PublishInputs early_r{};
+    PublishInputs &early = FP8 ? early_s : early_r;
+    serve_down_start(a, counts_row, early);
     const uint32_t *mw = a.masks + t * a.words;
     const T *hrow = a.gate + t * a.ldg;
     const ServeRows<T, FP8> rows(a);
@@ -740,6 +737,22 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
 // FP8 (TW_COMPUTE_FP8_WEIGHTS): Wu_j and Wd_j read from the FP8 copy, half the bytes of each row,
 // with the sums of the two-pass FP8 kernels: h = g round(s_u (x_t . q(Wu_j))), y over (h s_d) q(Wd_j).
 constexpr int kServeTokenCap = 512, kServeTokenBatch = 8;
+/// 16-bit gated FFNs whose up rows fit: each warp stages its next units' Wu rows in shared memory
+/// (cp.async, no registers held for them) kServeTokenStages - 1 units ahead of the dot, within
+/// kServeTokenStageBytes a warp (the blocks an SM unchanged: D <= 2048 at two stages).
+constexpr int kServeTokenStages = 2;
+constexpr int64_t kServeTokenStageBytes = 8192;
+/// Bytes of dynamic shared memory serve_token's up stages take (0: the rows go through registers).
+inline int64_t serve_token_stage_bytes(int warps, int64_t dp, bool gated, bool fp8) {
+    const int64_t warp_bytes = kServeTokenStages * dp * 2;
+    return gated && !fp8 && warp_bytes <= kServeTokenStageBytes ? warps * warp_bytes : 0;
+}
+
+/// Warp-wide: lane l copies chunks l, l + 32, ... of an up row into `dst`, the chunks warp_row_dot
+/// gives it, so that each lane reads only what it copied (no barrier between the two).
+__device__ inline void serve_stage_row(uint4 *dst, const uint8_t *row, int nchunks, int lane) {
+    for (int c = lane; c < nchunks; c += 32) cp_async16(dst + c, row + static_cast<int64_t>(c) * 16);
+}
 
 template <class T, int W, int V, bool FP8 = false>
 __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
@@ -751,6 +764,7 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     __shared__ float red[NT * E];         // the parts' sums
     __shared__ alignas(16) int warp_total[W];
     __shared__ float l1_scratch[32];
+    extern __shared__ uint4 up_stages[];  // W x kServeTokenStages rows, where a.token_stages
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
     const int64_t t = blockIdx.y;
     const int split = blockIdx.x, splits = gridDim.x;
@@ -761,7 +775,8 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     const int dot_chunks = FP8 ? static_cast<int>(a.fp8.half / E) : nchunks;
     const T *xrow = a.x + t * a.x_rs;
     for (int c = tid; c < dot_chunks; c += NT) xs[c] = serve_x_chunk(xrow, static_cast<int64_t>(c) * E, a.d);
-    const PublishInputs early = serve_down_start(a, counts_row);  // waits for cuBLAS's gate
+    PublishInputs early{};
+    serve_down_start(a, counts_row, early);  // waits for cuBLAS's gate
     allow_dependent_launch();
 
     // 2. this thread's run of words (runs in thread order, so ranks follow unit order)
@@ -813,9 +828,24 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
         __syncthreads();
         const int n = min(kServeTokenCap, total - win);
         // 3. h over the window, a warp per unit
-        for (int i = warp; i < n; i += W) {
+        constexpr int S = kServeTokenStages;
+        uint4 *const stage = up_stages + static_cast<int64_t>(warp) * S * nchunks;
+        if (!FP8 && a.token_stages)
+            for (int s = 0; s < S - 1; ++s) {
+                if (warp + s * W < n) serve_stage_row(stage + s * nchunks, rows.up_row(units[warp + s * W]), nchunks, lane);
+                cp_async_commit();
+            }
+        for (int i = warp, k = 0; i < n; i += W, ++k) {
             const int64_t j = units[i];
             const uint8_t *row = rows.up_row(j);  // read for a gated FFN only
+            if (!FP8 && a.token_stages) {
+                // the unit S - 1 ahead into the stage this lane finished reading last time
+                const int ahead = i + (S - 1) * W;
+                if (ahead < n) serve_stage_row(stage + (k + S - 1) % S * nchunks, rows.up_row(units[ahead]), nchunks, lane);
+                cp_async_commit();
+                cp_async_wait<S - 1>();
+                row = reinterpret_cast<const uint8_t *>(stage + k % S * nchunks);
+            }
             if (kServePrefetchDown)
                 rows.prefetch_down(j, static_cast<int64_t>(c0) * E, static_cast<int64_t>(c1) * E, lane);
             float h = hs[i], scale_down = 1.0f;
