@@ -63,7 +63,6 @@ template <class T> struct ServeArgs {
     float *row_l1;
     FfnStatsBlock *stats;
     FfnFeedback *publish;
-    bool token_stages;  // serve_token stages the up rows in dynamic shared memory (serve_token_stage_bytes)
     int down_groups;  // serve_down's blocks a (slice, token) (the plan's serve.down_groups)
     float *parts, *part_l1;  // with groups: the blocks' partial rows, l1, units and flags
     int32_t *part_nnz, *part_over;
@@ -737,22 +736,6 @@ __global__ void __launch_bounds__(32 * kServeDownWarps) serve_down(ServeArgs<T> 
 // FP8 (TW_COMPUTE_FP8_WEIGHTS): Wu_j and Wd_j read from the FP8 copy, half the bytes of each row,
 // with the sums of the two-pass FP8 kernels: h = g round(s_u (x_t . q(Wu_j))), y over (h s_d) q(Wd_j).
 constexpr int kServeTokenCap = 512, kServeTokenBatch = 8;
-/// 16-bit gated FFNs whose up rows fit: each warp stages its next units' Wu rows in shared memory
-/// (cp.async, no registers held for them) kServeTokenStages - 1 units ahead of the dot, within
-/// kServeTokenStageBytes a warp (the blocks an SM unchanged: D <= 2048 at two stages).
-constexpr int kServeTokenStages = 2;
-constexpr int64_t kServeTokenStageBytes = 8192;
-/// Bytes of dynamic shared memory serve_token's up stages take (0: the rows go through registers).
-inline int64_t serve_token_stage_bytes(int warps, int64_t dp, bool gated, bool fp8) {
-    const int64_t warp_bytes = kServeTokenStages * dp * 2;
-    return gated && !fp8 && warp_bytes <= kServeTokenStageBytes ? warps * warp_bytes : 0;
-}
-
-/// Warp-wide: lane l copies chunks l, l + 32, ... of an up row into `dst`, the chunks warp_row_dot
-/// gives it, so that each lane reads only what it copied (no barrier between the two).
-__device__ inline void serve_stage_row(uint4 *dst, const uint8_t *row, int nchunks, int lane) {
-    for (int c = lane; c < nchunks; c += 32) cp_async16(dst + c, row + static_cast<int64_t>(c) * 16);
-}
 
 template <class T, int W, int V, bool FP8 = false>
 __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
@@ -764,7 +747,6 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
     __shared__ float red[NT * E];         // the parts' sums
     __shared__ alignas(16) int warp_total[W];
     __shared__ float l1_scratch[32];
-    extern __shared__ uint4 up_stages[];  // W x kServeTokenStages rows, where a.token_stages
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
     const int64_t t = blockIdx.y;
     const int split = blockIdx.x, splits = gridDim.x;
@@ -828,24 +810,9 @@ __global__ void __launch_bounds__(32 * W) serve_token(ServeArgs<T> a) {
         __syncthreads();
         const int n = min(kServeTokenCap, total - win);
         // 3. h over the window, a warp per unit
-        constexpr int S = kServeTokenStages;
-        uint4 *const stage = up_stages + static_cast<int64_t>(warp) * S * nchunks;
-        if (!FP8 && a.token_stages)
-            for (int s = 0; s < S - 1; ++s) {
-                if (warp + s * W < n) serve_stage_row(stage + s * nchunks, rows.up_row(units[warp + s * W]), nchunks, lane);
-                cp_async_commit();
-            }
-        for (int i = warp, k = 0; i < n; i += W, ++k) {
+        for (int i = warp; i < n; i += W) {
             const int64_t j = units[i];
             const uint8_t *row = rows.up_row(j);  // read for a gated FFN only
-            if (!FP8 && a.token_stages) {
-                // the unit S - 1 ahead into the stage this lane finished reading last time
-                const int ahead = i + (S - 1) * W;
-                if (ahead < n) serve_stage_row(stage + (k + S - 1) % S * nchunks, rows.up_row(units[ahead]), nchunks, lane);
-                cp_async_commit();
-                cp_async_wait<S - 1>();
-                row = reinterpret_cast<const uint8_t *>(stage + k % S * nchunks);
-            }
             if (kServePrefetchDown)
                 rows.prefetch_down(j, static_cast<int64_t>(c0) * E, static_cast<int64_t>(c1) * E, lane);
             float h = hs[i], scale_down = 1.0f;

@@ -75,14 +75,8 @@ void launch_serve_t(cudaStream_t stream, const FfnCall &c, bool write_h) {
         const int64_t per_split = ceil_div(p.dp / Chunk<T>::n, int64_t{splits});  // chunks a block
         const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.m)), block(32 * warps);
         // per_split <= one chunk a thread but for a hidden output (one split) past 4096 columns
-        const int64_t stage_bytes = serve_token_stage_bytes(warps, p.dp, p.gated, p.fp8);
-        a.token_stages = stage_bytes > 0;
         auto run = [&](auto kernel) {
-            if (stage_bytes > 0)  // past the 48 KB default with the static arrays: the attribute always
-                check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(stage_bytes)),
-                      "cudaFuncSetAttribute(serve_token)");
-            launch_dependent(kernel, grid, block, static_cast<size_t>(stage_bytes), stream, st.pdl,
-                             "cudaLaunchKernelEx(serve_token)", a);
+            launch_dependent(kernel, grid, block, 0, stream, st.pdl, "cudaLaunchKernelEx(serve_token)", a);
         };
         if (warps == 8 && per_split <= 32 * 8)
             p.fp8 ? run(serve_token<T, 8, 1, true>) : run(serve_token<T, 8, 1>);
