@@ -410,9 +410,9 @@ def readme_model_table(results):
             "one process (`bench/results/h200-model.json`, [docs/benchmarks.md](docs/benchmarks.md)):\n\n"
             + table(["what", "dense HF", "twblas", "speedup", "peak memory dense / twblas"], body)
             + ("\n\nLeft out, their alternating rounds differing by more than 20 % (dense against twblas in "
-               "parentheses): " + "; ".join(noisy) + ". Such rounds measure something besides the variants "
-               "(the order, the allocator, another process); the host time in the MLPs is what the FFN "
-               "changes." if noisy else ""))
+               "parentheses): " + "; ".join(noisy) + ". Such rounds measure something besides the variants: "
+               "the loops are host-bound (HF's Python) and their steps vary from one loop to the next by "
+               "more than the FFN changes; the host time in the MLPs is what it changes." if noisy else ""))
 
 
 def readme_ffn_table(results):
