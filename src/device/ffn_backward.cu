@@ -253,19 +253,26 @@ void gather_dense_rows(cudaStream_t stream, const FfnProblem &p, const void *sav
     });
 }
 
-/// dz, du, h of the first `cap` rows from z and u (NULL: the recomputed rz, ru) and dh in rh.
-/// dz and du go to rz and `ru` (default s.ru), rows `dzu_ld` values apart (default hp).
+/// Where dense_rows_grads reads z and u (rows hp apart: the recomputed ones in s.rz and s.ru, or a
+/// dense-mode forward's saved ones) and writes du; dz goes to s.rz, dz and du rows `ld` apart.
+struct DenseGradsRows {
+    const void *z, *u;
+    void *du;
+    int64_t ld;
+};
+DenseGradsRows recomputed_rows(const FfnProblem &p, const TrainScratch &s) { return {s.rz, s.ru, s.ru, p.hp}; }
+
+/// dz, du and h of the first `cap` rows from z, u and dh (in rh, which then holds h).
 void dense_rows_grads(cudaStream_t stream, const FfnProblem &p, const TrainScratch &s, int64_t cap, L1Scale l1_scale,
-                      const void *z = nullptr, const void *u = nullptr, void *ru = nullptr, int64_t dzu_ld = 0) {
+                      const DenseGradsRows &io) {
     by_type(p.type, [&](auto t) {
         using T = decltype(t);
         if constexpr (!std::is_same_v<T, float>) {
             const int64_t chunks = cap * (p.hp / 8);
             dense_grads<T><<<static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(chunks, 256), 8192))),
-                             256, 0, stream>>>(
-                static_cast<const T *>(z ? z : s.rz), static_cast<const T *>(u ? u : s.ru), static_cast<T *>(s.rz),
-                static_cast<T *>(ru ? ru : s.ru), static_cast<T *>(s.rh), cap, p.h, p.hp, dzu_ld ? dzu_ld : p.hp,
-                p.gated, l1_scale);
+                             256, 0, stream>>>(static_cast<const T *>(io.z), static_cast<const T *>(io.u),
+                                               static_cast<T *>(s.rz), static_cast<T *>(io.du), static_cast<T *>(s.rh),
+                                               cap, p.h, p.hp, io.ld, p.gated, l1_scale);
             check_launch("dense_grads");
         }
     });
@@ -299,7 +306,7 @@ void recompute_with_cublas(cudaStream_t stream, CudaFfnState &st, const FfnProbl
     if (p.gated)
         gemm({s.xc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {w.up, p.h, p.d, w.up_ld, TW_ORDER_ROW, t}, {s.ru, p.hp, t});
     gemm({s.dyc, cap, p.d, p.dp, TW_ORDER_ROW, t}, {w.down, p.h, p.d, w.down_ld, TW_ORDER_ROW, t}, {s.rh, p.hp, t});
-    dense_rows_grads(stream, p, s, cap, b.l1_scale);
+    dense_rows_grads(stream, p, s, cap, b.l1_scale, recomputed_rows(p, s));
     // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views
     gemm({s.rz, cap, p.h, p.hp, TW_ORDER_ROW, t}, {w.gate, p.d, p.h, w.gate_ld, TW_ORDER_COL, t},
          {s.dxc, p.dp, TW_R_32F});
@@ -370,7 +377,7 @@ void dense_saved_backward(cudaStream_t stream, CudaFfnState &st, const FfnProble
     const bool stacked = stacked_gate_up(p, w);
     const int64_t dzu_ld = stacked ? 2 * p.hp : p.hp;
     void *const ru = stacked ? static_cast<void *>(static_cast<char *>(s.rz) + p.hp * p.weight_bytes()) : s.ru;
-    dense_rows_grads(stream, p, s, p.m, l1_scale, sv.dense_z, sv.dense_u, ru, dzu_ld);
+    dense_rows_grads(stream, p, s, p.m, l1_scale, {sv.dense_z, sv.dense_u, ru, dzu_ld});
     const GemmOperand dz{s.rz, p.m, p.h, dzu_ld, TW_ORDER_ROW, t}, du{ru, p.m, p.h, dzu_ld, TW_ORDER_ROW, t};
     const GemmOperand h{s.rh, p.m, p.h, p.hp, TW_ORDER_ROW, t};
     // dX = dZ Wg (+ dU Wu): the weights as column-major D x H views (D x 2H when stacked)
