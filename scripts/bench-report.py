@@ -412,7 +412,7 @@ def readme_model_table(results):
             + ("\n\nLeft out, their alternating rounds differing by more than 20 % (dense against twblas in "
                "parentheses): " + "; ".join(noisy) + ". Such rounds measure something besides the variants: "
                "the loops are host-bound (HF's Python) and their steps vary from one loop to the next by "
-               "more than the FFN changes; the host time in the MLPs is what it changes." if noisy else ""))
+               "more than the FFN changes; the host time in the MLPs is what the FFN changes." if noisy else ""))
 
 
 def readme_ffn_table(results):
