@@ -962,9 +962,6 @@ MAX_ITERS = {"prefill": 1000, "decode-eager": "decode_max", "decode-graph": "gra
 # new length is slow whichever variant makes it (PyTorch's cuDNN attention builds a graph per
 # length), so without the pass the rounds compare the order, not the variants
 SEEN_LENGTHS = {"decode-eager"}
-# modes whose timed loops start from an emptied allocator cache: an eager decode step grows every
-# layer's KV cache, so that no loop lives on blocks the other variant's loop left behind
-FRESH_ALLOCATOR = {"decode-eager"}
 
 
 def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
@@ -1023,8 +1020,6 @@ def run_point(ctx, model, vs, variants, mode, batch, seq, rounds):
                 if v in errors:
                     continue
                 vs.use(v)
-                if mode in FRESH_ALLOCATOR:
-                    free(device)
                 peak_reset(device)
                 s0 = segments(device)
                 try:

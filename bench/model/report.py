@@ -16,8 +16,7 @@ import sys
 
 MODE_ORDER = {"prefill": 0, "decode-eager": 1, "decode-graph": 2, "train": 3}
 # rounds that differ by more than this (either variant) compare something other than the variants
-# (the host's state; in eager decode, which variant met each KV-cache length first): no time or
-# energy ratio is given for them
+# (the host's state, for host-bound loops): no time or energy ratio is given for them
 SPREAD_LIMIT = 0.2
 
 
